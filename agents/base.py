@@ -1,0 +1,93 @@
+"""The one predictive interface every controller implements.
+
+A controller maps an input batch to Gaussian moments per stochastic sample:
+
+    moments(x, n_samples) -> (mu, var), both (S, B, D)      S samples first, always explicit
+
+and the base class turns them into a `Prediction` by the law of total variance:
+
+    mean          = E_s[mu_s]                                (B, D)
+    aleatoric_var = E_s[var_s]                               (B, D)   the noise the model predicts
+    epistemic_var = Var_s[mu_s]                              (B, D)   disagreement between samples
+
+Targets are standardised inside the controller with statistics fitted on the training split (`set_target_stats`),
+held as buffers so they travel with the state_dict; `moments` and `predict` always answer in original units and
+`loss` takes targets in original units. Subclasses implement `_moments` and `_loss` in standardised units.
+Deep evidential regression overrides `predict` with its closed form.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+
+class Prediction(NamedTuple):
+    mean: Tensor  # (B, D)
+    aleatoric_var: Tensor  # (B, D)
+    epistemic_var: Tensor  # (B, D)
+
+    @property
+    def total_var(self) -> Tensor:
+        return self.aleatoric_var + self.epistemic_var
+
+
+def total_variance(mu: Tensor, var: Tensor) -> Prediction:
+    """Law of total variance over the sample axis of (S, B, D) moments."""
+    mean = mu.mean(0)  # (B, D)
+    epistemic = mu.var(0, unbiased=False) if mu.shape[0] > 1 else torch.zeros_like(mean)
+    return Prediction(mean, var.mean(0), epistemic)
+
+
+def gaussian_nll(mu: Tensor, var: Tensor, y: Tensor) -> Tensor:
+    """Mean Gaussian negative log-likelihood, full constant included (comparable across methods)."""
+    return 0.5 * (torch.log(2 * math.pi * var) + (y - mu) ** 2 / var).mean()
+
+
+class Controller(nn.Module):
+    """Base class: standardisation buffers, law of total variance, optional internals for tracing."""
+
+    #: default number of stochastic samples for `predict` (1 for deterministic methods)
+    default_samples: int = 1
+
+    def __init__(self, out_dim: int):
+        super().__init__()
+        self.out_dim = out_dim
+        self.register_buffer("y_loc", torch.zeros(out_dim))
+        self.register_buffer("y_scale", torch.ones(out_dim))
+
+    # -- standardisation -------------------------------------------------------------------------------------------
+    def set_target_stats(self, loc: Tensor, scale: Tensor) -> None:
+        self.y_loc.copy_(torch.as_tensor(loc, dtype=self.y_loc.dtype))
+        self.y_scale.copy_(torch.as_tensor(scale, dtype=self.y_scale.dtype).clamp_min(1e-6))
+
+    def _standardise(self, y: Tensor) -> Tensor:
+        return (y - self.y_loc) / self.y_scale
+
+    # -- the interface ---------------------------------------------------------------------------------------------
+    def moments(self, x: Tensor, n_samples: int = 1, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Per-sample Gaussian moments in original units, each (S, B, D)."""
+        mu, var = self._moments(x, n_samples, generator)
+        return mu * self.y_scale + self.y_loc, var * self.y_scale**2
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """Training loss (scalar) for targets y (B, D) in original units."""
+        return self._loss(x, self._standardise(y))
+
+    def predict(self, x: Tensor, n_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
+        mu, var = self.moments(x, n_samples or self.default_samples, generator)
+        return total_variance(mu, var)
+
+    def internals(self) -> dict[str, Tensor]:
+        """Tensors of the last forward worth recording (NSAC: kappa, phi, psi, ...). Empty by default."""
+        return {}
+
+    # -- for subclasses --------------------------------------------------------------------------------------------
+    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _loss(self, x: Tensor, y: Tensor) -> Tensor:
+        raise NotImplementedError

@@ -1,0 +1,105 @@
+"""Encoders: the backbone every controller shares. Each maps an input batch to tokens (B, T, d_model).
+
+One backbone for all methods, so a comparison between NSAC and a baseline changes exactly one thing: the head.
+
+- `features`: a vector (B, F) -> one token per feature (feature tokenizer, as in FT-Transformer), (B, F, d).
+- `sequence`: a sequence (B, T, F) -> a linear embedding per step plus a learned position embedding, (B, T, d).
+- `frames`:   a frame stack (B, T, 84, 84), uint8 or float in [0, 255] -> a small CNN per frame, one token per
+              frame, so the frame stack is the time axis (the NSAC CarRacing experiment), (B, T, d).
+- `nvidia`:   a YUV image (B, 3, 66, 200) in [0, 255] -> the NVIDIA PilotNet convolution stack (Bojarski et al.
+              2016); each column of the last feature map is one token, (B, 18, d).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    kind: str = "features"
+    """one of: features, sequence, frames, nvidia"""
+    in_dim: int = 1
+    """features: number of input features; sequence: features per step; frames/nvidia: ignored"""
+    n_tokens: int = 4
+    """sequence: number of steps; frames: frames in the stack; features: ignored (= in_dim)"""
+    d_model: int = 64
+    """token width"""
+
+
+class FeatureTokens(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cfg.in_dim, cfg.d_model) / cfg.d_model**0.5)
+        self.bias = nn.Parameter(torch.zeros(cfg.in_dim, cfg.d_model))
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, F) -> (B, F, d)
+        return torch.relu(x.unsqueeze(-1) * self.weight + self.bias)
+
+
+class SequenceTokens(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.embed = nn.Linear(cfg.in_dim, cfg.d_model)
+        self.position = nn.Parameter(torch.zeros(cfg.n_tokens, cfg.d_model))
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, F) -> (B, T, d)
+        return torch.relu(self.embed(x) + self.position[: x.shape[1]])
+
+
+class FrameTokens(nn.Module):
+    """CNN per 84x84 frame -> one token per frame."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cnn = nn.Sequential(
+            nn.Conv2d(1, 16, 8, stride=4), nn.ReLU(),   # 84 -> 20
+            nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),  # 20 -> 9
+            nn.Conv2d(32, 32, 3, stride=1), nn.ReLU(),  # 9 -> 7
+            nn.Flatten(), nn.Linear(32 * 7 * 7, cfg.d_model), nn.ReLU(),
+        )  # fmt: skip
+        self.position = nn.Parameter(torch.zeros(cfg.n_tokens, cfg.d_model))
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, 84, 84) -> (B, T, d)
+        b, t = x.shape[:2]
+        frames = x.reshape(b * t, 1, *x.shape[2:]).float() / 255.0  # (B*T, 1, 84, 84)
+        tokens = self.cnn(frames).reshape(b, t, -1)  # (B, T, d)
+        return tokens + self.position[:t]
+
+
+class NvidiaTokens(nn.Module):
+    """PilotNet convolutions on 66x200 YUV; the 1x18 output map gives 18 column tokens."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cnn = nn.Sequential(
+            nn.Conv2d(3, 24, 5, stride=2), nn.ELU(),   # 66x200 -> 31x98
+            nn.Conv2d(24, 36, 5, stride=2), nn.ELU(),  # -> 14x47
+            nn.Conv2d(36, 48, 5, stride=2), nn.ELU(),  # -> 5x22
+            nn.Conv2d(48, 64, 3), nn.ELU(),            # -> 3x20
+            nn.Conv2d(64, 64, 3), nn.ELU(),            # -> 1x18
+        )  # fmt: skip
+        self.proj = nn.Linear(64, cfg.d_model)
+        self.position = nn.Parameter(torch.zeros(18, cfg.d_model))
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, 3, 66, 200) -> (B, 18, d)
+        fmap = self.cnn(x.float() / 127.5 - 1.0)  # (B, 64, 1, 18)
+        tokens = fmap.flatten(2).transpose(1, 2)  # (B, 18, 64)
+        return torch.relu(self.proj(tokens)) + self.position
+
+
+ENCODERS: dict[str, type[nn.Module]] = {
+    "features": FeatureTokens,
+    "sequence": SequenceTokens,
+    "frames": FrameTokens,
+    "nvidia": NvidiaTokens,
+}
+
+
+def build_encoder(cfg: EncoderConfig) -> nn.Module:
+    if cfg.kind not in ENCODERS:
+        raise ValueError(f"unknown encoder kind {cfg.kind!r}; choose one of {sorted(ENCODERS)}")
+    return ENCODERS[cfg.kind](cfg)

@@ -1,0 +1,59 @@
+"""The controller registry: one explicit dict that drives CLI choices, checkpoint reloading and test parametrisation.
+
+Each value is a frozen config dataclass with fields `encoder: EncoderConfig` and `out_dim: int` and a `build()`
+method returning the `Controller`. No import-time side effects: adding a method means adding a line here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from agents.encoders import EncoderConfig
+from agents.ensemble import EnsembleConfig
+from agents.evidential import EvidentialConfig
+from agents.gmle import GMLEConfig
+from agents.mc_dropout import MCDropoutConfig
+from agents.nsac import NSACConfig
+from agents.sde_net import SDENetConfig
+
+CONTROLLERS: dict[str, type] = {
+    "nsac": NSACConfig,
+    "gmle": GMLEConfig,
+    "mcd": MCDropoutConfig,
+    "de": EnsembleConfig,
+    "der": EvidentialConfig,
+    "sdenet": SDENetConfig,
+}
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Primitives only (tuples become lists), safe for torch.load(weights_only=True)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(name: str, data: dict[str, Any]) -> Any:
+    """Rebuild a registered controller config (nested EncoderConfig included) from `config_to_dict` output."""
+    if name not in CONTROLLERS:
+        raise ValueError(f"unknown controller {name!r}; registered: {sorted(CONTROLLERS)}")
+    cls = CONTROLLERS[name]
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"config for {name!r} has unknown fields {sorted(unknown)}")
+    kwargs = {}
+    for key, value in data.items():
+        if hints.get(key) is EncoderConfig and isinstance(value, dict):
+            value = EncoderConfig(**value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def build_controller(name: str, cfg: Any):
+    if name not in CONTROLLERS:
+        raise ValueError(f"unknown controller {name!r}; registered: {sorted(CONTROLLERS)}")
+    return cfg.build()

@@ -1,0 +1,3 @@
+from drive.cli import main
+
+raise SystemExit(main())
