@@ -1,0 +1,247 @@
+"""CarRacing-v3 (continuous) as our bridge: an 84x84 grayscale frame stack, or a privileged state vector.
+
+`make_carracing(mode=...)` subclasses gymnasium's `CarRacing` (no registry hacks) and wraps it in `TimeLimit`.
+Step semantics (physics, reward, termination) are the stock ones in both modes; only the observation differs:
+
+- ``mode="pixels"``: ``(frame_stack, 84, 84) uint8``, each frame `preprocess_frame` of the 96x96 RGB state pixels
+  (drawn by `sim_bridges.fast_render` when ``fast_render=True``, else by the stock pygame renderer).
+- ``mode="state"``: the privileged state vector below; the 96x96 frame is never drawn (fast mode for RL).
+
+Privileged state (float32, ``STATE_DIM`` values, names in ``STATE_NAMES``). Units: metres, seconds, radians.
+The car frame is x forward, y to the LEFT; angles are counter-clockwise positive (so a positive heading error or
+lateral offset means "too far left", corrected by steering right, i.e. a positive steer action).
+
+    0  speed            |v| (m/s)
+    1  v_forward        velocity along the car's heading (m/s)
+    2  v_left           sideways velocity, + to the left (m/s): the slip a pure-kinematic model ignores
+    3  yaw_rate         hull angular velocity (rad/s, + counter-clockwise)
+    4  heading_error    car heading minus centreline direction at the closest point (rad, wrapped to [-pi, pi))
+    5  lateral_offset   signed distance from the centreline (m, + left); the road edge is at +-TRACK_HALF_WIDTH
+    6  steer_angle      front-wheel joint angle (rad, + left); lags the steer command
+    7-10 wheel_omega    wheel angular speeds (rad/s), front-left, front-right, rear-left, rear-right
+    11-14 wheel_on_road 1 if that wheel touches a road tile, else 0
+    15 off_track        1 if no wheel touches a road tile
+    16 progress         fraction of tiles visited
+    17-19 prev_action   the (steer, gas, brake) applied at the previous step (zeros after reset)
+    20+ look-ahead      for each d in LOOKAHEAD_M (arc length along the centreline from the closest point):
+                        (x, y) of that centreline point in the car frame (m) and the centreline direction there
+                        relative to the car heading (rad) -- so curvature ahead is visible as a change of angle.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import cv2
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.envs.box2d.car_racing import TRACK_WIDTH, CarRacing
+from gymnasium.wrappers import TimeLimit
+
+log = logging.getLogger(__name__)
+
+TRACK_HALF_WIDTH = float(TRACK_WIDTH)  # 6.67 m: tiles span +-TRACK_WIDTH around the centreline
+LOOKAHEAD_M = (2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 65.0, 80.0)
+_BASE_NAMES = (
+    "speed v_forward v_left yaw_rate heading_error lateral_offset steer_angle "
+    "omega_fl omega_fr omega_rl omega_rr road_fl road_fr road_rl road_rr off_track progress "
+    "prev_steer prev_gas prev_brake"
+).split()
+STATE_NAMES = tuple(_BASE_NAMES) + tuple(f"{k}_{d:g}" for d in LOOKAHEAD_M for k in ("ahead_x", "ahead_y", "ahead_dir"))
+STATE_DIM = len(STATE_NAMES)
+IDX = {name: i for i, name in enumerate(STATE_NAMES)}
+LOOKAHEAD_START = len(_BASE_NAMES)
+
+FRAME_SIZE = 84
+INFO_KEYS = ("state", "speed", "progress", "tiles_visited", "n_tiles", "pose", "off_track", "lap_finished")
+ACTION_LOW = np.array([-1.0, 0.0, 0.0], dtype=np.float32)
+ACTION_HIGH = np.array([1.0, 1.0, 1.0], dtype=np.float32)
+
+
+def preprocess_frame(rgb96: np.ndarray) -> np.ndarray:
+    """96x96x3 RGB state pixels -> (84, 84) uint8 grayscale controller frame.
+
+    The bottom 12 rows hold the indicator bar (speed, ABS, steer, gyro bars drawn over black: the stock renderer's
+    bottom 5/40 of the window), which we crop; the remaining 84x96 road view is resized to 84x84 with area
+    averaging (keeps the full width of the view) and converted to gray with ITU-R 601 weights (cv2's RGB2GRAY).
+    """
+    if rgb96.shape != (96, 96, 3) or rgb96.dtype != np.uint8:
+        raise ValueError(f"preprocess_frame expects (96, 96, 3) uint8, got {rgb96.shape} {rgb96.dtype}")
+    road = rgb96[:FRAME_SIZE]  # (84, 96, 3)
+    road = cv2.resize(road, (FRAME_SIZE, FRAME_SIZE), interpolation=cv2.INTER_AREA)  # (84, 84, 3)
+    return cv2.cvtColor(road, cv2.COLOR_RGB2GRAY)  # (84, 84)
+
+
+def _wrap(angle):
+    return (angle + np.pi) % (2 * np.pi) - np.pi
+
+
+class CarRacingBridge(CarRacing):
+    """Stock CarRacing physics and reward; our observation (pixels or privileged state) and info."""
+
+    def __init__(self, mode="pixels", frame_stack=4, fast_render=True, keep_raw=False, render_mode=None):
+        if mode not in ("pixels", "state"):
+            raise ValueError(f"mode must be 'pixels' or 'state', got {mode!r}")
+        if frame_stack < 1:
+            raise ValueError(f"frame_stack must be >= 1, got {frame_stack}")
+        super().__init__(render_mode=render_mode, continuous=True)
+        self.mode, self.frame_stack, self.keep_raw = mode, int(frame_stack), bool(keep_raw)
+        self._fast = None
+        if mode == "pixels" and fast_render:
+            try:
+                from sim_bridges.fast_render import render_state_pixels
+            except ImportError as exc:
+                raise ImportError(
+                    f"fast_render=True needs sim_bridges.fast_render ({exc}); pass fast_render=False"
+                ) from exc
+            self._fast = render_state_pixels
+        self.action_space = spaces.Box(ACTION_LOW, ACTION_HIGH, dtype=np.float32)
+        if mode == "pixels":
+            self.observation_space = spaces.Box(0, 255, (self.frame_stack, FRAME_SIZE, FRAME_SIZE), np.uint8)
+        else:
+            self.observation_space = spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32)
+        self._frames = np.zeros((self.frame_stack, FRAME_SIZE, FRAME_SIZE), np.uint8)
+        self._prev_action = np.zeros(3, np.float32)
+
+    # --- rendering: skipped in state mode, optionally replaced by the fast renderer in pixel mode ---
+    def _render(self, mode):
+        if mode == "state_pixels":
+            if self.mode == "state":
+                return None
+            if self._fast is not None and "t" in self.__dict__:
+                return self._fast(self)
+        return super()._render(mode)
+
+    # --- track geometry, cached per track ---
+    def _build_geometry(self):
+        pts = np.array([(t[2], t[3]) for t in self.track], dtype=np.float64)  # (N, 2) centreline points
+        seg = np.roll(pts, -1, axis=0) - pts  # (N, 2) segment i runs from point i to point i+1
+        seg_len = np.linalg.norm(seg, axis=1)  # (N,)
+        self._pts, self._seg, self._seg_len = pts, seg, seg_len
+        self._seg_dir = np.arctan2(seg[:, 1], seg[:, 0])  # (N,)
+        self._cum = np.concatenate([[0.0], np.cumsum(seg_len)])  # (N+1,) arc length at each point
+        self._lap_len = float(self._cum[-1])
+
+    def _project(self, pos):
+        """Closest point on the closed centreline: (segment index, arc length s, lateral offset + left)."""
+        rel = pos[None, :] - self._pts  # (N, 2)
+        u = np.clip(np.einsum("nd,nd->n", rel, self._seg) / self._seg_len**2, 0.0, 1.0)  # (N,)
+        closest = self._pts + u[:, None] * self._seg  # (N, 2)
+        i = int(np.argmin(np.sum((pos[None, :] - closest) ** 2, axis=1)))
+        d = pos - closest[i]
+        cross = self._seg[i, 0] * d[1] - self._seg[i, 1] * d[0]  # + when pos is left of the segment direction
+        offset = float(np.hypot(*d)) * (1.0 if cross >= 0 else -1.0)
+        return i, float(self._cum[i] + u[i] * self._seg_len[i]), offset
+
+    def _point_at(self, s):
+        s = s % self._lap_len
+        i = int(np.searchsorted(self._cum, s, side="right") - 1) % len(self._pts)
+        u = (s - self._cum[i]) / self._seg_len[i]
+        return self._pts[i] + u * self._seg[i], self._seg_dir[i]
+
+    def privileged_state(self) -> np.ndarray:
+        car = self.car
+        pos = np.array(car.hull.position, dtype=np.float64)
+        heading = car.hull.angle + np.pi / 2  # the hull's local +y axis is its nose
+        fwd = np.array([np.cos(heading), np.sin(heading)])
+        left = np.array([-fwd[1], fwd[0]])
+        vel = np.array(car.hull.linearVelocity, dtype=np.float64)
+        i, s, offset = self._project(pos)
+        on_road = [float(len(w.tiles) > 0) for w in car.wheels]
+        out = [
+            float(np.hypot(*vel)),
+            float(vel @ fwd),
+            float(vel @ left),
+            float(car.hull.angularVelocity),
+            float(_wrap(heading - self._seg_dir[i])),
+            offset,
+            float(car.wheels[0].joint.angle),
+            *(float(w.omega) for w in car.wheels),
+            *on_road,
+            float(not any(on_road)),
+            self.tile_visited_count / len(self.track),
+            *self._prev_action.tolist(),
+        ]
+        for d in LOOKAHEAD_M:
+            p, direction = self._point_at(s + d)
+            rel = p - pos
+            out += [float(rel @ fwd), float(rel @ left), float(_wrap(direction - heading))]
+        return np.asarray(out, dtype=np.float32)
+
+    def _info(self, base_info):
+        state = self.privileged_state()
+        info = {
+            "state": state,
+            "speed": float(state[IDX["speed"]]),
+            "progress": self.tile_visited_count / len(self.track),
+            "tiles_visited": int(self.tile_visited_count),
+            "n_tiles": len(self.track),
+            "pose": np.array([*self.car.hull.position, self.car.hull.angle + np.pi / 2], dtype=np.float32),
+            "off_track": bool(state[IDX["off_track"]]),
+            "lap_finished": bool(base_info.get("lap_finished", False)),
+        }
+        if self.keep_raw and self.mode == "pixels":
+            info["raw_frame"] = self.state
+        return info
+
+    def _observe(self, info):
+        if self.mode == "state":
+            return info["state"].copy()
+        return self._frames.copy()
+
+    def reset(self, *, seed=None, options=None):
+        self._prev_action = np.zeros(3, np.float32)
+        super().reset(seed=seed, options=options)  # calls self.step(None) once, which renders the first frame
+        self._build_geometry()
+        if self.mode == "pixels":
+            self._frames[:] = preprocess_frame(self.state)[None]
+        info = self._info({})
+        return self._observe(info), info
+
+    def step(self, action):
+        if action is None:  # the stock reset's internal first step
+            return super().step(None)
+        action = np.clip(np.asarray(action, dtype=np.float32).reshape(3), ACTION_LOW, ACTION_HIGH)
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"non-finite action {action}")
+        _, reward, terminated, truncated, base_info = super().step(action)
+        self._prev_action = action
+        if self.mode == "pixels":
+            self._frames[:-1] = self._frames[1:]
+            self._frames[-1] = preprocess_frame(self.state)
+        info = self._info(base_info)
+        return self._observe(info), float(reward), terminated, truncated, info
+
+
+def make_carracing(
+    mode="pixels", frame_stack=4, fast_render=True, keep_raw=False, max_episode_steps=1000, render_mode=None
+) -> gym.Env:
+    """CarRacing-v3 (continuous) bridge wrapped in TimeLimit(max_episode_steps); see the module docstring."""
+    env = CarRacingBridge(mode, frame_stack, fast_render, keep_raw, render_mode)
+    return TimeLimit(env, max_episode_steps=max_episode_steps)
+
+
+def check_bridge(env: gym.Env) -> None:
+    """Gymnasium's check_env plus our contract: action layout, observation dtype/shape, info keys on reset/step."""
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(env.unwrapped, skip_render_check=True)
+    box = env.action_space
+    if not (isinstance(box, spaces.Box) and box.shape == (3,) and box.dtype == np.float32):
+        raise AssertionError(f"action space must be Box(3,) float32 (steer, gas, brake), got {box}")
+    if not (np.array_equal(box.low, ACTION_LOW) and np.array_equal(box.high, ACTION_HIGH)):
+        raise AssertionError(f"action bounds must be {ACTION_LOW}..{ACTION_HIGH}, got {box.low}..{box.high}")
+    obs, info = env.reset(seed=0)
+    step_obs, _, _, _, step_info = env.step(np.array([0.0, 0.5, 0.0], np.float32))
+    for when, o, inf in (("reset", obs, info), ("step", step_obs, step_info)):
+        space = env.observation_space
+        if o.shape != space.shape or o.dtype != space.dtype:
+            raise AssertionError(f"{when}: observation {o.shape} {o.dtype} does not match {space}")
+        missing = [k for k in INFO_KEYS if k not in inf]
+        if missing:
+            raise AssertionError(f"{when}: info lacks {missing}")
+        if inf["state"].shape != (STATE_DIM,) or inf["state"].dtype != np.float32:
+            raise AssertionError(f"{when}: info['state'] must be ({STATE_DIM},) float32, got {inf['state'].shape}")
+        if not np.all(np.isfinite(inf["state"])):
+            raise AssertionError(f"{when}: info['state'] has non-finite values")
