@@ -1,0 +1,216 @@
+"""Regression metrics for probabilistic predictions, one module used by every task.
+
+Everything takes tensors or arrays (never a controller) and returns Python floats or numpy arrays; inputs are
+converted to float64 numpy so a metric never depends on the dtype or device a model ran in. A predictive
+distribution is Gaussian N(mean, var) per element unless a function says otherwise; all arrays broadcast and every
+score is averaged over all elements (batch x output dims).
+
+Definitions (stated because the literature uses several):
+- nll: mean Gaussian negative log-likelihood with the full constant, 0.5*log(2*pi*var) + (y - mean)^2 / (2*var).
+- crps_gaussian: closed form (Gneiting et al. 2005), sigma * [z(2*Phi(z) - 1) + 2*phi(z) - 1/sqrt(pi)],
+  z = (y - mean)/sigma; equals `scoringrules.crps_normal`.
+- crps_ensemble: CRPS of the empirical distribution of S samples, E|X - y| - 0.5*E|X - X'| ("nrg", equals
+  scoringrules' default "qd"); with fair=True the unbiased version dividing the second term by S(S-1) ("fair").
+- pit: probability integral transform F(y) = Phi((y - mean)/sigma), uniform on [0, 1] for a calibrated forecast.
+- pit_wasserstein: the Wasserstein-1 distance between the empirical PIT distribution and U(0, 1), the integral over
+  [0, 1] of |F_n(u) - u|, computed exactly from the sorted PIT values.
+- ece (regression calibration error, Kuleshov et al. 2018): for quantile levels p_j = 0.05, 0.10, ..., 0.95 the
+  observed frequency freq_j = mean(PIT <= p_j) of targets at or below the predicted p_j-quantile;
+  ece = mean_j |freq_j - p_j|. 0 for a perfectly calibrated forecast, 0.5 at worst.
+- coverage(level) / width(level): fraction of targets inside the central interval mean +- z*sigma with
+  z = Phi^-1((1 + level)/2), and the mean width 2*z*sigma of that interval.
+- auroc(score_in, score_out): probability that an out-of-distribution (perturbed) input gets a higher uncertainty
+  score than an in-distribution one, ties counted one half (Mann-Whitney U / (n_in * n_out)).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+ECE_LEVELS = np.round(np.arange(1, 20) * 0.05, 2)  # 0.05 ... 0.95
+INTERVAL_LEVELS = (0.5, 0.9, 0.95)
+_VAR_FLOOR = 1e-12
+
+
+def _np(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _std(var: Any) -> np.ndarray:
+    var = _np(var)
+    if np.any(var < 0) or not np.all(np.isfinite(var)):
+        raise ValueError("predictive variances must be finite and non-negative")
+    return np.sqrt(np.maximum(var, _VAR_FLOOR))
+
+
+# -- point errors ------------------------------------------------------------------------------------------------------
+def mse(mean: Any, y: Any) -> float:
+    return float(np.mean((_np(mean) - _np(y)) ** 2))
+
+
+def mae(mean: Any, y: Any) -> float:
+    return float(np.mean(np.abs(_np(mean) - _np(y))))
+
+
+def rmse(mean: Any, y: Any) -> float:
+    return math.sqrt(mse(mean, y))
+
+
+# -- proper scores -----------------------------------------------------------------------------------------------------
+def gaussian_nll(mean: Any, var: Any, y: Any) -> float:
+    sigma2 = _std(var) ** 2
+    return float(np.mean(0.5 * np.log(2 * math.pi * sigma2) + (_np(y) - _np(mean)) ** 2 / (2 * sigma2)))
+
+
+def crps_gaussian_elementwise(mean: Any, var: Any, y: Any) -> np.ndarray:
+    sigma = _std(var)
+    z = (_np(y) - _np(mean)) / sigma
+    return sigma * (z * (2 * stats.norm.cdf(z) - 1) + 2 * stats.norm.pdf(z) - 1 / math.sqrt(math.pi))
+
+
+def crps_gaussian(mean: Any, var: Any, y: Any) -> float:
+    return float(np.mean(crps_gaussian_elementwise(mean, var, y)))
+
+
+def crps_ensemble(samples: Any, y: Any, fair: bool = False) -> float:
+    """Sample-based CRPS. samples (S, ...) with the sample axis first (as controllers return them), y (...)."""
+    x = np.sort(_np(samples), axis=0)  # (S, ...)
+    n = x.shape[0]
+    if n < 1 or (fair and n < 2):
+        raise ValueError(f"crps_ensemble needs at least {2 if fair else 1} samples, got {n}")
+    term1 = np.mean(np.abs(x - _np(y)[None]), axis=0)
+    # sum_{i,j} |x_i - x_j| over sorted samples = 2 * sum_i (2i - n - 1) x_(i), i = 1..n
+    weights = (2 * np.arange(1, n + 1) - n - 1).reshape((n,) + (1,) * (x.ndim - 1))
+    pair_sum = 2 * np.sum(weights * x, axis=0)
+    term2 = pair_sum / (2 * n * (n - 1)) if fair else pair_sum / (2 * n * n)
+    return float(np.mean(term1 - term2))
+
+
+# -- calibration -------------------------------------------------------------------------------------------------------
+def pit(mean: Any, var: Any, y: Any) -> np.ndarray:
+    return stats.norm.cdf((_np(y) - _np(mean)) / _std(var))
+
+
+def pit_wasserstein(pit_values: Any) -> float:
+    """Exact W1 between the empirical distribution of PIT values and U(0, 1)."""
+    u = np.sort(_np(pit_values).ravel())
+    n = u.size
+    if n == 0:
+        raise ValueError("pit_wasserstein needs at least one PIT value")
+    if np.any((u < 0) | (u > 1)):
+        raise ValueError("PIT values must lie in [0, 1]")
+    edges = np.concatenate([[0.0], u, [1.0]])
+    levels = np.arange(n + 1) / n  # F_n on [edges[i], edges[i+1])
+    a, b = edges[:-1], edges[1:]
+    # integral of |c - t| dt over [a, b]: split at t = c when c lies inside
+    c = np.clip(levels, a, b)
+    total = (c - a) * (levels - (a + c) / 2) + (b - c) * ((c + b) / 2 - levels)
+    return float(np.sum(total))
+
+
+def calibration_curve(pit_values: Any, levels: Any = ECE_LEVELS) -> tuple[np.ndarray, np.ndarray]:
+    u = _np(pit_values).ravel()
+    levels = _np(levels)
+    return levels, np.array([np.mean(u <= p) for p in levels])
+
+
+def ece(mean: Any, var: Any, y: Any, levels: Any = ECE_LEVELS) -> float:
+    expected, observed = calibration_curve(pit(mean, var, y), levels)
+    return float(np.mean(np.abs(observed - expected)))
+
+
+def interval(mean: Any, var: Any, y: Any, level: float) -> tuple[float, float]:
+    """(coverage, mean width) of the central `level` interval mean +- z*sigma."""
+    if not 0 < level < 1:
+        raise ValueError(f"interval level must be in (0, 1), got {level}")
+    z = stats.norm.ppf(0.5 + level / 2)
+    sigma = _std(var)
+    inside = np.abs(_np(y) - _np(mean)) <= z * sigma
+    width = np.broadcast_to(2 * z * sigma, inside.shape)
+    return float(np.mean(inside)), float(np.mean(width))
+
+
+# -- out-of-distribution detection -------------------------------------------------------------------------------------
+def auroc(score_in: Any, score_out: Any) -> float:
+    """Area under the ROC curve of `score` separating out-of-distribution (positive) from in-distribution inputs."""
+    s_in, s_out = _np(score_in).ravel(), _np(score_out).ravel()
+    if s_in.size == 0 or s_out.size == 0:
+        raise ValueError("auroc needs at least one in-distribution and one out-of-distribution score")
+    ranks = stats.rankdata(np.concatenate([s_in, s_out]))  # average ranks: ties count one half
+    u = ranks[s_in.size :].sum() - s_out.size * (s_out.size + 1) / 2
+    return float(u / (s_in.size * s_out.size))
+
+
+# -- uncertainty decomposition -----------------------------------------------------------------------------------------
+def decomposition(aleatoric_var: Any, epistemic_var: Any) -> dict[str, float]:
+    ale, epi = _np(aleatoric_var), _np(epistemic_var)
+    total = ale + epi
+    return {
+        "aleatoric_var": float(np.mean(ale)),
+        "epistemic_var": float(np.mean(epi)),
+        "total_var": float(np.mean(total)),
+        "epistemic_fraction": float(np.mean(epi) / max(np.mean(total), _VAR_FLOOR)),
+        "mean_std": float(np.mean(np.sqrt(total))),
+    }
+
+
+def regression_report(pred: Any, y: Any, *, samples: Any = None, levels: tuple[float, ...] = INTERVAL_LEVELS) -> dict:
+    """Every metric above for a `Prediction` (mean, aleatoric_var, epistemic_var; Gaussian with the total variance).
+
+    `samples` (S, B, D), optional: Monte-Carlo draws of the predictive, adds the sample-based `crps_samples`.
+    """
+    mean, ale, epi = _np(pred.mean), _np(pred.aleatoric_var), _np(pred.epistemic_var)
+    y = _np(y)
+    if mean.shape != y.shape:
+        raise ValueError(f"prediction mean {mean.shape} and targets {y.shape} differ in shape")
+    var = ale + epi
+    pit_values = pit(mean, var, y)
+    report = {
+        "n": int(y.size),
+        "mse": mse(mean, y),
+        "mae": mae(mean, y),
+        "rmse": rmse(mean, y),
+        "nll": gaussian_nll(mean, var, y),
+        "crps": crps_gaussian(mean, var, y),
+        "ece": ece(mean, var, y),
+        "pit_w1": pit_wasserstein(pit_values),
+    }
+    if samples is not None:
+        report["crps_samples"] = crps_ensemble(samples, y)
+    for level in levels:
+        cov, width = interval(mean, var, y, level)
+        report[f"coverage_{round(level * 100):d}"] = cov
+        report[f"width_{round(level * 100):d}"] = width
+    report.update(decomposition(ale, epi))
+    return report
+
+
+def gaussian_nll_elementwise(mean: Any, var: Any, y: Any) -> np.ndarray:
+    sigma2 = _std(var) ** 2
+    return 0.5 * np.log(2 * math.pi * sigma2) + (_np(y) - _np(mean)) ** 2 / (2 * sigma2)
+
+
+__all__ = [
+    "auroc",
+    "calibration_curve",
+    "crps_ensemble",
+    "crps_gaussian",
+    "crps_gaussian_elementwise",
+    "decomposition",
+    "ece",
+    "gaussian_nll",
+    "gaussian_nll_elementwise",
+    "interval",
+    "mae",
+    "mse",
+    "pit",
+    "pit_wasserstein",
+    "regression_report",
+    "rmse",
+]
