@@ -1,0 +1,299 @@
+"""`drive expert train`: PPO (stable-baselines3) on the privileged CarRacing state, selected on held-out tracks.
+
+Training runs in state mode (same physics and reward as the pixel env, no frames drawn) on SubprocVecEnv workers;
+each reset draws a new track from the worker's RNG stream. Every `eval_every` steps the deterministic policy is
+exported into our checkpoint format (frozen VecNormalize statistics included) and scored on the held-out seeds;
+the best by `mean + min_weight * min` is kept and exported to `out`. Everything lands in the run directory:
+config.json, eval.csv / eval.json / eval.png (the curve), sb3_last.zip + vecnorm_last.pkl (for --resume; internal,
+never shipped), expert_best.pt (our format). Training-only episode shaping (ending an episode after a long
+off-track stretch) never touches evaluation, which uses the true env reward and the 1000-step limit.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from drive import checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Config:
+    run_dir: Path = Path("runs/expert_ppo")
+    """Run directory: config, evaluation curve, resumable SB3 state, best checkpoint."""
+    out: Path = Path("checkpoints/expert_ppo.pt")
+    """Where the best held-out checkpoint is exported (our format)."""
+    total_steps: int = 3_000_000
+    """Environment steps to train for (all workers together)."""
+    n_envs: int = 2
+    """Parallel training environments (SubprocVecEnv when > 1)."""
+    seed: int = 0
+    """Seed for PPO and the training workers' track streams."""
+    resume: bool = False
+    """Continue a killed run from run_dir/sb3_last.zip and vecnorm_last.pkl."""
+    eval_every: int = 200_000
+    """Evaluate (and maybe keep) the deterministic policy every this many steps."""
+    eval_seeds: str = "5000-5029"
+    """Held-out track seeds for selection, as 'a-b' (inclusive) or 'a,b,c'. Never use 1000-1019 here."""
+    min_weight: float = 0.5
+    """Selection score = mean return + min_weight * min return over the held-out seeds."""
+    offtrack_patience: int = 60
+    """Training only: end an episode after this many consecutive steps with no wheel on the road (0 = never)."""
+    offtrack_penalty: float = 20.0
+    """Training only: reward subtracted when an episode is ended for being off track."""
+    lr: float = 3e-4
+    """Initial learning rate, decayed linearly to lr_final."""
+    lr_final: float = 3e-5
+    """Learning rate at the end of training."""
+    n_steps: int = 1024
+    """Rollout length per environment between updates."""
+    batch_size: int = 256
+    """Minibatch size."""
+    n_epochs: int = 10
+    """Passes over each rollout."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_range: float = 0.2
+    """PPO clip range."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    log_std_init: float = -1.0
+    """Initial log standard deviation of the Gaussian policy."""
+    use_sde: bool = True
+    """Generalised state-dependent exploration (smoother exploration than per-step noise)."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Hidden widths of the policy and value MLPs."""
+    brake_scale: float = 0.8
+    """Brake = brake_scale * max(-accel, 0) in the (steer, accel) action parametrisation."""
+    evaluate: str = ""
+    """If set ('ppo', 'pursuit' or a checkpoint path): score that expert on eval_seeds (state mode), no training."""
+
+
+def parse_seeds(spec: str) -> list[int]:
+    """'5000-5049' -> [5000..5049]; '1,2,7' -> [1, 2, 7]."""
+    try:
+        if "-" in spec.strip("-"):
+            a, b = spec.split("-")
+            return list(range(int(a), int(b) + 1))
+        return [int(s) for s in spec.split(",") if s.strip()]
+    except ValueError as exc:
+        raise ValueError(f"seeds must look like '5000-5049' or '1,2,3', got {spec!r}") from exc
+
+
+class PolicyAction(gym.ActionWrapper):
+    """Expose the (steer, accel) parametrisation of agents.experts.ppo to the learner."""
+
+    def __init__(self, env, brake_scale: float):
+        super().__init__(env)
+        self.brake_scale = brake_scale
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def action(self, action):
+        from agents.experts.ppo import to_env_action
+
+        return to_env_action(action, self.brake_scale)
+
+
+class OffTrackEnd(gym.Wrapper):
+    """Training only: end the episode after `patience` consecutive off-track steps, with a penalty."""
+
+    def __init__(self, env, patience: int, penalty: float):
+        super().__init__(env)
+        self.patience, self.penalty, self.count = patience, penalty, 0
+
+    def reset(self, **kwargs):
+        self.count = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.count = self.count + 1 if info["off_track"] else 0
+        if self.patience and self.count >= self.patience and not (terminated or truncated):
+            terminated, reward = True, reward - self.penalty
+        return obs, reward, terminated, truncated, info
+
+
+def _make_env(cfg: Config, rank: int):
+    def thunk():
+        import torch
+        from stable_baselines3.common.monitor import Monitor
+
+        from sim_bridges.carracing import make_carracing
+
+        torch.set_num_threads(1)
+        env = OffTrackEnd(make_carracing(mode="state"), cfg.offtrack_patience, cfg.offtrack_penalty)
+        env = Monitor(PolicyAction(env, cfg.brake_scale))
+        env.reset(seed=cfg.seed * 1000 + rank)
+        return env
+
+    return thunk
+
+
+def export_policy(model, vecnorm, cfg: Config):
+    """SB3 policy + frozen VecNormalize -> our PPOPolicy (deterministic action path only)."""
+    import torch
+
+    from agents.experts.ppo import PPOPolicy, PPOPolicyConfig
+
+    pcfg = PPOPolicyConfig(
+        obs_dim=model.observation_space.shape[0], hidden=tuple(cfg.hidden), activation="tanh",
+        brake_scale=cfg.brake_scale, clip_obs=float(vecnorm.clip_obs), obs_eps=float(vecnorm.epsilon),
+    )  # fmt: skip
+    policy = PPOPolicy(pcfg)
+    policy.policy_net.load_state_dict(model.policy.mlp_extractor.policy_net.state_dict())
+    policy.action_net.load_state_dict(model.policy.action_net.state_dict())
+    policy.obs_mean.copy_(torch.as_tensor(vecnorm.obs_rms.mean, dtype=torch.float32))
+    policy.obs_var.copy_(torch.as_tensor(vecnorm.obs_rms.var, dtype=torch.float32))
+    return policy.eval(), pcfg
+
+
+def save_expert(path, policy, pcfg, metrics: dict, extra: dict) -> Path:
+    from sim_bridges.carracing import STATE_NAMES
+
+    return checkpoint.save(
+        path, kind="expert", name="ppo", config={**pcfg.to_dict(), "state_names": list(STATE_NAMES)},
+        module=policy, normalisation={"obs_mean": policy.obs_mean.tolist(), "obs_var": policy.obs_var.tolist()},
+        metrics=metrics, extra=extra,
+    )  # fmt: skip
+
+
+def _write_curve(run_dir: Path, history: list[dict]) -> None:
+    (run_dir / "eval.json").write_text(json.dumps(history, indent=1))
+    with open(run_dir / "eval.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["steps"] for h in history]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [h["mean"] for h in history], "o-", label="held-out mean")
+    ax.plot(steps, [h["min"] for h in history], "s--", label="held-out min")
+    ax.axhline(880, color="grey", lw=0.8, ls=":")
+    ax.set(xlabel="environment steps", ylabel="episode return", title="PPO expert, deterministic, held-out tracks")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(run_dir / "eval.png", dpi=100)
+    plt.close(fig)
+
+
+def _evaluate_only(cfg: Config) -> int:
+    from drive.experts import episode_returns, load_expert, summarise
+
+    seeds = parse_seeds(cfg.eval_seeds)
+    results = episode_returns(load_expert(cfg.evaluate), seeds, mode="state")
+    for row in results:
+        print(f"seed {row['seed']}: return {row['return']:.1f}  steps {row['steps']}  progress {row['progress']:.3f}")
+    s = summarise(results)
+    print(
+        f"{cfg.evaluate} on {cfg.eval_seeds} (state mode): mean {s['mean']:.1f} std {s['std']:.1f} min {s['min']:.1f}"
+    )
+    return 0
+
+
+def run(cfg: Config) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if cfg.evaluate:
+        return _evaluate_only(cfg)
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+
+    from agents.experts.ppo import PPOExpert
+    from drive.experts import episode_returns, summarise
+
+    torch.set_num_threads(1)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    seeds = parse_seeds(cfg.eval_seeds)
+    if set(seeds) & set(range(1000, 1020)):
+        raise ValueError("eval_seeds overlap 1000-1019, the acceptance seeds: select on other tracks")
+    cfg_json = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()}
+    (run_dir / "config.json").write_text(json.dumps(cfg_json, indent=1))
+    command = "drive expert train " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["expert", "train"] else ""
+
+    fns = [_make_env(cfg, i) for i in range(cfg.n_envs)]
+    venv = SubprocVecEnv(fns) if cfg.n_envs > 1 else DummyVecEnv(fns)
+    last_zip, last_norm = run_dir / "sb3_last.zip", run_dir / "vecnorm_last.pkl"
+    history: list[dict] = []
+    if cfg.resume:
+        if not (last_zip.is_file() and last_norm.is_file()):
+            raise FileNotFoundError(f"--resume: {last_zip} or {last_norm} missing")
+        venv = VecNormalize.load(str(last_norm), venv)
+        model = PPO.load(str(last_zip), env=venv, device="cpu")
+        if (run_dir / "eval.json").is_file():
+            history = json.loads((run_dir / "eval.json").read_text())
+        log.info("resumed at %d steps", model.num_timesteps)
+    else:
+        venv = VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=cfg.gamma)
+        lr0, lr1 = cfg.lr, cfg.lr_final
+        model = PPO(
+            "MlpPolicy", venv, learning_rate=lambda p: lr1 + p * (lr0 - lr1), n_steps=cfg.n_steps,
+            batch_size=cfg.batch_size, n_epochs=cfg.n_epochs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+            clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, use_sde=cfg.use_sde, sde_sample_freq=4,
+            policy_kwargs=dict(net_arch=dict(pi=list(cfg.hidden), vf=list(cfg.hidden)),
+                               activation_fn=torch.nn.Tanh, log_std_init=cfg.log_std_init),
+            seed=cfg.seed, device="cpu", verbose=0,
+        )  # fmt: skip
+    best = max((h["score"] for h in history), default=-np.inf)
+    t0 = time.time() - (history[-1]["wall_s"] if history else 0.0)
+
+    def evaluate_now():
+        nonlocal best
+        policy, pcfg = export_policy(model, venv, cfg)
+        s = summarise(episode_returns(PPOExpert(policy), seeds, mode="state"))
+        score = s["mean"] + cfg.min_weight * s["min"]
+        row = {"steps": int(model.num_timesteps), "wall_s": round(time.time() - t0, 1), **s, "score": score}
+        history.append(row)
+        print(f"[eval] {row['steps']:>9d} steps  held-out mean {s['mean']:7.1f}  std {s['std']:6.1f}  "
+              f"min {s['min']:7.1f}  score {score:7.1f}  ({row['wall_s']:.0f}s)", flush=True)  # fmt: skip
+        _write_curve(run_dir, history)
+        model.save(str(last_zip))
+        venv.save(str(last_norm))
+        if score > best:
+            best = score
+            metrics = {f"heldout_{k}": float(v) for k, v in s.items()}
+            extra = {"command": command, "steps": row["steps"], "seed": cfg.seed, "eval_seeds": cfg.eval_seeds,
+                     "wall_s": row["wall_s"]}  # fmt: skip
+            save_expert(run_dir / "expert_best.pt", policy, pcfg, metrics, extra)
+            save_expert(cfg.out, policy, pcfg, metrics, extra)
+            print(f"[eval] new best -> {cfg.out}", flush=True)
+
+    class EvalEvery(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.next_eval = (model.num_timesteps // cfg.eval_every + 1) * cfg.eval_every
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next_eval:
+                self.next_eval += cfg.eval_every
+                venv.training = False  # freeze statistics while scoring (eval runs its own env anyway)
+                evaluate_now()
+                venv.training = True
+            return True
+
+    remaining = cfg.total_steps - model.num_timesteps
+    if remaining > 0:
+        model.learn(remaining, callback=EvalEvery(), progress_bar=True, reset_num_timesteps=not cfg.resume)
+    if not history or history[-1]["steps"] != model.num_timesteps:
+        evaluate_now()
+    venv.close()
+    print(f"best held-out score {best:.1f}; exported to {cfg.out}")
+    return 0
