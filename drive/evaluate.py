@@ -1,0 +1,164 @@
+"""`drive eval`: closed-loop evaluation of a policy on track seeds, one episode per seed, optionally in parallel.
+
+The policy is named by a spec `KIND:ARG`; `POLICY_KINDS` maps each kind to a builder `(arg, env) -> policy`, so a
+new kind (trained controllers: `ckpt:PATH`) is one function and one line there. Policies that never look at pixels
+(experts act from the privileged state) run the env in its state-only mode, which has the same physics and reward
+but draws no frames.
+
+Output JSON: settings, one record per episode (seed, return, completion, steps, tiles, off_track_events,
+lap_finished, ..., plus whatever the policy's `episode_summary()` adds) and mean_return, std_return, min_return,
+max_return, mean_completion, laps_finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from datasets.demonstrations import atomic_write
+from drive.pool import Ticker, run_tasks
+from drive.rollout import Policy, load_expert_policy, make_env, parse_seeds, rollout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Config:
+    policy: str = "expert:ppo"
+    """policy spec: expert:ppo, expert:pursuit or expert:PATH (an expert checkpoint)"""
+    seeds: str = "1000-1019"
+    """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix"""
+    out: Path | None = None
+    """results JSON file (per-episode records and summary); default: print only"""
+    workers: int = 1
+    """parallel worker processes, one episode per task"""
+    max_episode_steps: int = 1000
+    """step limit per episode (CarRacing-v3's is 1000)"""
+    env: Literal["carracing", "fake-road"] = "carracing"
+    """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
+    progress: bool = True
+    """show a progress bar"""
+
+
+# -- policy specs ----------------------------------------------------------------------------------------------------
+def _expert(arg: str, env: str) -> Policy:
+    return load_expert_policy(arg, env)
+
+
+#: spec kind -> builder(arg, env). Extend here (e.g. "ckpt": a trained controller from a checkpoint path).
+POLICY_KINDS: dict[str, Callable[[str, str], Policy]] = {"expert": _expert}
+
+
+def parse_policy_spec(spec: str) -> tuple[str, str]:
+    """'expert:ppo' -> ('expert', 'ppo'); a clear error for anything else."""
+    kind, sep, arg = str(spec).partition(":")
+    if not sep or not arg or kind not in POLICY_KINDS:
+        kinds = ", ".join(f"{k}:..." for k in POLICY_KINDS)
+        raise ValueError(f"policy spec {spec!r}: expected KIND:ARG with KIND one of ({kinds}), e.g. expert:ppo")
+    return kind, arg
+
+
+def make_policy(spec: str, env: str = "carracing") -> Policy:
+    """Build the policy a spec such as 'expert:ppo' names."""
+    kind, arg = parse_policy_spec(spec)
+    return POLICY_KINDS[kind](arg, env)
+
+
+# -- one episode (in a worker or in this process) --------------------------------------------------------------------
+_CACHE: dict[tuple, tuple] = {}
+
+
+def evaluate_episode(spec: str, env_settings: Mapping[str, Any], seed: int, tick=None) -> dict[str, Any]:
+    key = (spec, tuple(sorted(env_settings.items())))
+    if key not in _CACHE:
+        _CACHE.clear()
+        policy = make_policy(spec, env_settings["env"])
+        pixels = bool(getattr(policy, "needs_pixels", True))
+        env = make_env(env_settings["env"], pixels=pixels, max_episode_steps=env_settings["max_episode_steps"])
+        _CACHE[key] = (policy, env)
+    policy, env = _CACHE[key]
+    start = time.perf_counter()
+    [result] = rollout(env, policy, seeds=[seed], on_step=Ticker(tick))
+    record = result.to_dict()
+    record["wall_s"] = time.perf_counter() - start
+    return record
+
+
+def summarise(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Across episodes: return mean/std (population)/min/max, mean completion, laps finished."""
+    returns = np.array([r["return"] for r in records], dtype=np.float64)
+    return {
+        "n_episodes": len(records),
+        "mean_return": float(returns.mean()),
+        "std_return": float(returns.std()),
+        "min_return": float(returns.min()),
+        "max_return": float(returns.max()),
+        "mean_completion": float(np.mean([r["completion"] for r in records])),
+        "laps_finished": int(sum(bool(r["lap_finished"]) for r in records)),
+        "off_track_events": int(sum(int(r["off_track_events"]) for r in records)),
+    }
+
+
+def evaluate(cfg: Config) -> dict[str, Any]:
+    seeds = parse_seeds(cfg.seeds)
+    if cfg.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+    parse_policy_spec(cfg.policy)  # a bad spec fails here, not in every worker
+    env_settings = {"env": cfg.env, "max_episode_steps": cfg.max_episode_steps}
+    records: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    tasks = [(cfg.policy, env_settings, seed) for seed in seeds]
+    run_tasks(evaluate_episode, tasks, cfg.workers, records.append, show=cfg.progress, label="eval")
+    records.sort(key=lambda r: r["seed"])
+    return {
+        "policy": cfg.policy,
+        "env": cfg.env,
+        "seeds": seeds,
+        "max_episode_steps": cfg.max_episode_steps,
+        **summarise(records),
+        "wall_s": time.perf_counter() - start,
+        "episodes": records,
+    }
+
+
+def run(cfg: Config) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        results = evaluate(cfg)
+    except ValueError as exc:
+        print(f"drive eval: error: {exc}", file=sys.stderr)
+        return 2
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{cfg.policy} on {cfg.env}, seeds {cfg.seeds}")
+    for col in ("seed", "return", "completion", "steps", "off-track", "lap"):
+        table.add_column(col, justify="right")
+    for r in results["episodes"]:
+        table.add_row(
+            str(r["seed"]),
+            f"{r['return']:.1f}",
+            f"{r['completion']:.3f}",
+            str(r["steps"]),
+            str(r["off_track_events"]),
+            "yes" if r["lap_finished"] else "no",
+        )
+    Console().print(table)
+    print(
+        f"mean_return {results['mean_return']:.1f} +- {results['std_return']:.1f} (std), "
+        f"min_return {results['min_return']:.1f}, max_return {results['max_return']:.1f}, "
+        f"{results['laps_finished']}/{results['n_episodes']} laps finished"
+    )
+    if cfg.out is not None:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
+        print(f"wrote {cfg.out}")
+    return 0
