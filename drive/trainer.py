@@ -49,6 +49,8 @@ class TrainerConfig:
     """AdamW learning rate"""
     weight_decay: float = 1e-4
     """AdamW weight decay"""
+    schedule: str = "cosine"
+    """learning-rate schedule: cosine (anneal to 0 over `epochs`, per step) or constant"""
     grad_clip: float = 1.0
     """clip the global gradient norm to this value (0 disables)"""
     patience: int = 10
@@ -190,6 +192,7 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
     log_path = run_dir / "metrics.jsonl"
     model.to(cfg.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = _scheduler(optimizer, cfg, n_batches(train, cfg.batch_size))
 
     if cfg.resume:
         if not resume_path.is_file():
@@ -198,6 +201,7 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
             state = torch.load(resume_path, map_location=cfg.device, weights_only=True)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
         except Exception as exc:
             raise checkpoint.CheckpointError(f"{resume_path}: cannot resume ({type(exc).__name__}: {exc})") from exc
         _set_rng_state(state["rng"])
@@ -226,7 +230,7 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
             if stopped:
                 break
             t0 = time.perf_counter()
-            train_loss = _train_epoch(model, train, optimizer, cfg, epoch)
+            train_loss = _train_epoch(model, train, optimizer, scheduler, cfg, epoch)
             pred, y = predict_dataset(model, val, cfg.batch_size, val_samples, cfg.seed, cfg.device)
             val_nll, val_mse = metrics.gaussian_nll(pred.mean, pred.total_var, y), metrics.mse(pred.mean, y)
             row = {"epoch": epoch, "train_loss": train_loss, "val_nll": val_nll, "val_mse": val_mse,
@@ -248,8 +252,9 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
                     writer.add_scalar(key.replace("_", "/", 1), row[key], epoch)
                 writer.flush()
             resume_state = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "rng": _rng_state(), "history": history, "best": best, "best_epoch": best_epoch,
-                            "bad_epochs": bad_epochs, "stopped": stopped}  # fmt: skip
+                            "scheduler": scheduler.state_dict(), "rng": _rng_state(), "history": history,
+                            "best": best, "best_epoch": best_epoch, "bad_epochs": bad_epochs,
+                            "stopped": stopped}  # fmt: skip
             _atomic_save(resume_state, resume_path)
             log.info("epoch %d/%d  loss %.4f  val nll %.4f  val mse %.5f%s", epoch, cfg.epochs, train_loss, val_nll,
                      val_mse, "  *" if improved else "")  # fmt: skip
@@ -265,7 +270,18 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
     return FitResult(best_epoch, best, len(history), stopped, history, best_path, last_path)
 
 
-def _train_epoch(model, train, optimizer, cfg: TrainerConfig, epoch: int) -> float:
+def _scheduler(optimizer, cfg: TrainerConfig, steps_per_epoch: int):
+    if cfg.schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    if cfg.schedule == "cosine":
+        total = max(1, cfg.epochs * steps_per_epoch)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+        )
+    raise ValueError(f"TrainerConfig.schedule must be cosine or constant, got {cfg.schedule!r}")
+
+
+def _train_epoch(model, train, optimizer, scheduler, cfg: TrainerConfig, epoch: int) -> float:
     model.train()
     if hasattr(train, "set_epoch"):
         train.set_epoch(epoch)
@@ -283,6 +299,7 @@ def _train_epoch(model, train, optimizer, cfg: TrainerConfig, epoch: int) -> flo
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
+        scheduler.step()
         total += loss.item() * len(y)
         count += len(y)
         bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
