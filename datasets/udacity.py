@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,13 +190,20 @@ class AugmentConfig:
     """brightness (HSV value) multiplied by 1 + brightness * U(-0.5, 0.5)"""
 
 
+Frame = np.ndarray | Callable[[], np.ndarray]  # an RGB frame, or a loader called only if that frame is used
+
+
+def _resolve(frame: Frame) -> np.ndarray:
+    return frame() if callable(frame) else frame
+
+
 def choose_camera(
-    frames: Sequence[np.ndarray | None], steering: float, rng: np.random.Generator, correction: float
+    frames: Sequence[Frame | None], steering: float, rng: np.random.Generator, correction: float
 ) -> tuple[np.ndarray, float]:
     """Uniform over the cameras present (center, left, right); side cameras get the steering correction."""
     present = [i for i, frame in enumerate(frames) if frame is not None]
     choice = present[rng.integers(len(present))]
-    return frames[choice], steering + (0.0, correction, -correction)[choice]
+    return _resolve(frames[choice]), steering + (0.0, correction, -correction)[choice]
 
 
 def random_flip(rgb: np.ndarray, steering: float, rng: np.random.Generator) -> tuple[np.ndarray, float]:
@@ -223,12 +230,13 @@ def random_shadow(rgb: np.ndarray, rng: np.random.Generator, cfg: AugmentConfig)
     """Darken (HLS lightness) one side of a random line from the top edge to the bottom edge."""
     height, width = rgb.shape[:2]
     x1, x2 = width * rng.random(), width * rng.random()  # the line runs from (x1, 0) to (x2, height)
-    ym, xm = np.mgrid[0:height, 0:width]
-    side = (xm - x1) * height - ym * (x2 - x1) > 0  # (H, W): sign of the cross product = side of the line
+    xs, ys = np.arange(width, dtype=np.float32), np.arange(height, dtype=np.float32)[:, None]
+    side = (xs - x1) * height - ys * (x2 - x1) > 0  # (H, W): sign of the cross product = side of the line
     shaded = side == bool(rng.integers(2))
     ratio = rng.uniform(cfg.shadow_min, cfg.shadow_max)
     hls = cv2.cvtColor(rgb, cv2.COLOR_RGB2HLS)
-    hls[..., 1][shaded] = (hls[..., 1][shaded] * ratio).astype(np.uint8)
+    lightness = hls[..., 1]
+    hls[..., 1] = np.where(shaded, (lightness * ratio).astype(np.uint8), lightness)
     return cv2.cvtColor(hls, cv2.COLOR_HLS2RGB)
 
 
@@ -240,16 +248,17 @@ def random_brightness(rgb: np.ndarray, rng: np.random.Generator, cfg: AugmentCon
 
 
 def augment(
-    frames: Sequence[np.ndarray | None], steering: float, rng: np.random.Generator, cfg: AugmentConfig = AugmentConfig()
+    frames: Sequence[Frame | None], steering: float, rng: np.random.Generator, cfg: AugmentConfig = AugmentConfig()
 ) -> tuple[np.ndarray, float]:
     """(center, left, right) RGB frames (side ones may be None) + steering -> one augmented RGB frame + its steering.
 
+    A frame may be given as a zero-argument loader: only the camera actually used is then decoded.
     With probability 1 - p_augment the center frame and steering come back unchanged (naokishibuya's batch generator).
     """
     if frames[0] is None:
         raise ValueError("augment needs the center frame")
     if rng.random() >= cfg.p_augment:
-        return frames[0], float(steering)
+        return _resolve(frames[0]), float(steering)
     rgb, steering = choose_camera(frames, steering, rng, cfg.correction)
     rgb, steering = random_flip(rgb, steering, rng)
     rgb, steering = random_translate(rgb, steering, rng, cfg)

@@ -8,6 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
 from datasets.udacity import (
     AugmentConfig,
@@ -291,3 +292,125 @@ def test_real_recording_reads_whole(shared_data):
     for i in (0, 749, 1499):
         for path in log.cameras(i):
             assert preprocess(load_frame(path)).shape == (3, 66, 200)
+
+
+def test_augment_decodes_only_the_camera_it_uses(frames):
+    calls = []
+
+    def loader(i):
+        def load():
+            calls.append(i)
+            return frames[0][i]
+
+        return load
+
+    for seed in range(30):
+        calls.clear()
+        augment([loader(0), loader(1), loader(2)], 0.0, np.random.default_rng(seed))
+        assert len(calls) == 1
+
+
+# -- the training task ----------------------------------------------------------------------------------------------
+def test_block_split_is_contiguous_disjoint_and_gapped():
+    from drive.tasks.udacity import block_split
+
+    split = block_split(1500, 10, (2, 7), (9,), gap=10)
+    np.testing.assert_array_equal(split["test"], np.r_[300:450, 1050:1200])
+    np.testing.assert_array_equal(split["val"], np.arange(1350, 1500))
+    held = np.r_[split["test"], split["val"]]
+    assert not set(split["train"]) & set(held)
+    distance = np.abs(split["train"][:, None] - held[None]).min(1)
+    assert distance.min() == 11  # nothing within 10 frames of a held-out frame
+    assert len(split["train"]) == 1500 - 450 - 50  # 10 dropped each side of 2 inner test blocks, 1 side of val
+    uneven = block_split(103, 10, (0,), (5,), gap=0)
+    assert sum(map(len, uneven.values())) == 103 and set(map(len, (uneven["test"], uneven["val"]))) <= {10, 11}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [((10, (2,), (2,), 0), "overlap"), ((10, (10,), (1,), 0), "outside"), ((2, (0,), (1,), 0), "training block")],
+)
+def test_block_split_rejects_bad_blocks(args, message):
+    from drive.tasks.udacity import block_split
+
+    with pytest.raises(ValueError, match=message):
+        block_split(100, *args)
+
+
+def test_training_frames_are_deterministic_per_seed_and_epoch():
+    from drive.tasks.udacity import UdacityFrames
+
+    log = read_log(FIXTURES)
+    a = UdacityFrames(log, np.arange(3), AugmentConfig(p_augment=1.0), seed=3)
+    b = UdacityFrames(log, np.arange(3), AugmentConfig(p_augment=1.0), seed=3)
+    a.set_epoch(1)
+    b.set_epoch(1)
+    first = [a[i] for i in range(3)]
+    for i in (2, 0, 1):  # access order does not matter
+        assert torch.equal(b[i][0], first[i][0]) and torch.equal(b[i][1], first[i][1])
+    a.set_epoch(2)
+    assert any(not torch.equal(a[i][1], first[i][1]) for i in range(3))
+    x, y = first[0]
+    assert x.shape == (3, 66, 200) and x.dtype == torch.uint8 and y.shape == (1,)
+    plain = UdacityFrames(log, np.arange(3))
+    np.testing.assert_array_equal(plain.tensors[0][1].numpy(), preprocess(load_frame(log.center[1])))
+    np.testing.assert_allclose(plain.tensors[1][:, 0].numpy(), STEERING, rtol=1e-6)
+
+
+def _task(shared_data, **options):
+    from drive.tasks import TaskConfig
+
+    return TaskConfig(name="udacity", data=shared_data / "udacity_sim", options=options)
+
+
+def test_task_builds_on_the_real_recording(shared_data):
+    from agents.gmle import GMLEConfig
+    from drive.tasks.udacity import build
+
+    data = build(_task(shared_data, max_rows="200", gap="3"))
+    assert data.encoder.kind == "nvidia" and data.out_dim == 1 and data.target_names == ("steering",)
+    split = data.fingerprint["split"]
+    assert (split["n_train"], split["n_val"], split["n_test"]) == (200 - 60 - 3 * 4 - 3, 20, 40)
+    assert data.fingerprint["n_rows"] == 1500 and len(data.fingerprint["log_sha256"]) == 64
+    x, y = data.val.tensors
+    assert x.shape == (20, 3, 66, 200) and x.dtype == torch.uint8 and y.shape == (20, 1)
+    torch.manual_seed(0)
+    model = GMLEConfig(encoder=data.encoder, out_dim=1).build()
+    result = data.evaluate(model)["test"]
+    assert result["n_frames"] == 40
+    for key in ("mse", "nll", "crps", "ece", "mse_train_mean"):
+        assert np.isfinite(result[key])
+
+
+def test_task_rejects_bad_options(shared_data, tmp_path):
+    from drive.tasks import TaskConfig
+    from drive.tasks.udacity import build
+
+    with pytest.raises(ValueError, match="unknown option"):
+        build(_task(shared_data, n_block="4"))
+    with pytest.raises(ValueError, match="test_blocks"):
+        build(_task(shared_data, test_blocks="two"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        build(TaskConfig(name="udacity", data=tmp_path / "missing"))
+
+
+def test_drive_train_on_the_real_recording(shared_data, tmp_path):
+    import json
+
+    from drive.checkpoint import load_controller
+    from drive.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--controller", "gmle", "--data", f"udacity:{shared_data / 'udacity_sim'}", "--out", str(out),
+            "--epochs", "1", "--batch-size", "32", "--no-progress",
+            "--set", "task.max_rows=160", "task.gap=2", "encoder.d_model=8", "n_heads=2",
+            "trainer.tensorboard=false"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((out / "metrics.json").read_text())
+    assert report["task"] == "udacity" and report["test"]["n_frames"] == 32
+    for key in ("mse", "nll", "crps", "ece"):
+        assert np.isfinite(report["test"][key])
+    model, payload = load_controller(out / "best.pt")
+    assert payload["config"]["encoder"]["kind"] == "nvidia" and payload["data"]["task"] == "udacity"
+    x = torch.from_numpy(preprocess(load_frame(read_log(shared_data / "udacity_sim").center[0])))[None]
+    assert model.predict(x).mean.shape == (1, 1)

@@ -1,0 +1,178 @@
+"""Task "udacity": steering from the front camera of a Udacity simulator log (`drive train --data udacity:DIR`).
+
+Input: the center camera through `datasets.udacity.preprocess` (crop, 200x66, YUV; (3, 66, 200) uint8), the very
+function `drive udacity drive` applies to live frames, into the NVIDIA PilotNet encoder (EncoderConfig "nvidia").
+Target: steering in [-1, 1] (D = 1).
+
+Split by time. The frames are a ~10 Hz video: neighbouring frames are near duplicates, so a random frame split
+would leak the held-out set into training. The log (in recording order) is cut into `n_blocks` contiguous blocks;
+`test_blocks` are held out for the final evaluation, `val_blocks` for early stopping, the rest train. Training
+frames within `gap` frames of a held-out frame are dropped as well, so no training frame is a near twin of one it
+is scored on. Defaults: 10 blocks (~15 s each on the 1,500-frame recording), test = blocks 2 and 7 (20%, two
+separate stretches of track), validation = block 9 (the last 10%), gap 10 frames (~1 s).
+
+Training samples are augmented as in naokishibuya's car-behavioral-cloning (`datasets.udacity.augment`: random
+camera +-0.2, flip, translate, shadow, brightness, each sample with probability 0.6), drawn from a numpy Generator
+seeded by (seed, epoch, row): the same run sees the same images, and a resumed run continues exactly. Validation
+and test frames are the center camera as recorded, never augmented.
+
+Evaluation (`test` in metrics.json): `drive.metrics.regression_report` (MSE, NLL, CRPS, ECE, PIT, coverage, ...)
+on the test blocks, plus the MSE of predicting the training mean steering, for scale.
+
+Options (`--set task.KEY=VALUE`): n_blocks (10), test_blocks ("2,7"), val_blocks ("9"), gap (10), augment (true),
+p_augment (0.6), max_rows (0 = all; a prefix of the log, for smoke runs), eval_samples (0: the controller's
+default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from functools import partial
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agents.encoders import EncoderConfig
+from datasets.udacity import AugmentConfig, UdacityLog, augment, decode_frame, preprocess, read_log
+from drive import metrics, trainer
+from drive.tasks import TaskConfig, TaskData
+
+log = logging.getLogger(__name__)
+
+OPTIONS = ("n_blocks", "test_blocks", "val_blocks", "gap", "augment", "p_augment", "max_rows", "eval_samples")
+
+
+def block_split(
+    n: int, n_blocks: int, test_blocks: tuple[int, ...], val_blocks: tuple[int, ...], gap: int
+) -> dict[str, np.ndarray]:
+    """Row indices of train / val / test for n frames in time order, cut into n_blocks contiguous blocks."""
+    if not 1 <= n_blocks <= n:
+        raise ValueError(f"task 'udacity': n_blocks must be in [1, {n}] for {n} frames, got {n_blocks}")
+    held = (*test_blocks, *val_blocks)
+    bad = [b for b in held if not 0 <= b < n_blocks]
+    if bad:
+        raise ValueError(f"task 'udacity': block(s) {bad} outside 0..{n_blocks - 1}")
+    if len(set(held)) != len(held):
+        raise ValueError(f"task 'udacity': test blocks {test_blocks} and val blocks {val_blocks} overlap or repeat")
+    if not test_blocks or not val_blocks or len(held) >= n_blocks:
+        raise ValueError("task 'udacity': need at least one test block, one val block and one training block")
+    block = np.arange(n) * n_blocks // n  # (n,) block of each frame, contiguous and as equal as possible
+    is_test, is_val = np.isin(block, test_blocks), np.isin(block, val_blocks)
+    held_out = (is_test | is_val).astype(np.int64)
+    # a training frame within `gap` frames of any held-out frame is dropped (a window max over held_out)
+    near = np.convolve(held_out, np.ones(2 * gap + 1, np.int64), mode="same") > 0 if gap > 0 else held_out > 0
+    return {"train": np.flatnonzero(~near), "val": np.flatnonzero(is_val), "test": np.flatnonzero(is_test)}
+
+
+class UdacityFrames(torch.utils.data.Dataset):
+    """(x (3, 66, 200) uint8, y (1,) float32) for the given rows of a log; augmented when `augment_cfg` is given."""
+
+    def __init__(self, log: UdacityLog, rows: np.ndarray, augment_cfg: AugmentConfig | None = None, seed: int = 0):
+        self.log, self.rows, self.augment_cfg, self.seed = log, np.asarray(rows), augment_cfg, seed
+        self.epoch = 0
+        self.targets = torch.from_numpy(log.steering[self.rows]).float().unsqueeze(1)  # (N, 1), recorded steering
+        self._bytes: dict = {}  # JPEG bytes by path: 4,500 frames are ~50 MB compressed, ~700 MB decoded
+        if augment_cfg is None:
+            x = np.stack([preprocess(self._frame(log.center[r])) for r in tqdm(self.rows, desc="frames", leave=False)])
+            self.tensors = (torch.from_numpy(x), self.targets)  # (N, 3, 66, 200) uint8, (N, 1)
+            self._bytes.clear()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _frame(self, path) -> np.ndarray:
+        data = self._bytes.get(path)
+        if data is None:
+            try:
+                data = self._bytes[path] = path.read_bytes()
+            except OSError as exc:
+                raise OSError(f"{path}: cannot read image named by {self.log.path} ({exc.strerror})") from exc
+        return decode_frame(data, path)
+
+    def __getitem__(self, i: int):
+        row = int(self.rows[i])
+        if self.augment_cfg is None:
+            return self.tensors[0][i], self.tensors[1][i]
+        rng = np.random.default_rng([self.seed, self.epoch, row])
+        cameras = [None if p is None else partial(self._frame, p) for p in self.log.cameras(row)]  # decoded if used
+        rgb, steering = augment(cameras, self.log.steering[row], rng, self.augment_cfg)
+        return torch.from_numpy(preprocess(rgb)), torch.tensor([steering], dtype=torch.float32)
+
+
+def _blocks(cfg: TaskConfig, key: str, default: str) -> tuple[int, ...]:
+    raw = cfg.get(key, default)
+    try:
+        return tuple(int(b) for b in raw.split(",") if b.strip())
+    except ValueError:
+        raise ValueError(f"task 'udacity': task.{key}={raw!r} is not a comma-separated list of block numbers") from None
+
+
+def fingerprint(log: UdacityLog) -> dict:
+    digest = hashlib.sha256(log.path.read_bytes())
+    return {"path": str(log.path.resolve()), "log_sha256": digest.hexdigest(), "n_rows": len(log)}
+
+
+def build(cfg: TaskConfig) -> TaskData:
+    cfg.check_known(OPTIONS)
+    log_ = read_log(cfg.require_data())
+    max_rows = cfg.get("max_rows", 0)
+    n = min(len(log_), max_rows) if max_rows > 0 else len(log_)
+    n_blocks, gap = cfg.get("n_blocks", 10), cfg.get("gap", 10)
+    test_blocks, val_blocks = _blocks(cfg, "test_blocks", "2,7"), _blocks(cfg, "val_blocks", "9")
+    split = block_split(n, n_blocks, test_blocks, val_blocks, gap)
+    aug = AugmentConfig(p_augment=cfg.get("p_augment", 0.6)) if cfg.get("augment", True) else None
+    if aug is not None and not 0.0 <= aug.p_augment <= 1.0:
+        raise ValueError(f"task 'udacity': task.p_augment must be in [0, 1], got {aug.p_augment}")
+    log.info("udacity %s: %d frames -> train %d, val %d, test %d (blocks of %d)", log_.path, n,
+             *(len(split[k]) for k in ("train", "val", "test")), n // n_blocks)  # fmt: skip
+
+    train = UdacityFrames(log_, split["train"], aug, cfg.seed)
+    val = UdacityFrames(log_, split["val"])
+    test = UdacityFrames(log_, split["test"])
+    eval_samples = cfg.get("eval_samples", 0)
+    train_mean = float(log_.steering[split["train"]].mean())
+
+    def evaluate(model) -> dict:
+        return evaluate_udacity(model, test, train_mean, eval_samples, cfg.seed)
+
+    return TaskData(
+        name="udacity",
+        train=train,
+        val=val,
+        encoder=EncoderConfig(kind="nvidia", d_model=32),
+        out_dim=1,
+        target_names=("steering",),
+        fingerprint={
+            **fingerprint(log_),
+            "rows_used": n,
+            "split": {
+                "n_blocks": n_blocks,
+                "test_blocks": list(test_blocks),
+                "val_blocks": list(val_blocks),
+                "gap": gap,
+                **{f"n_{k}": len(v) for k, v in split.items()},
+            },
+            "augment": None if aug is None else aug.__dict__,
+        },  # fmt: skip
+        evaluate=evaluate,
+        controller_defaults={"encoder.d_model": 32},
+        train_defaults={"epochs": 30, "batch_size": 64, "lr": 1e-3, "patience": 8},
+    )
+
+
+@torch.no_grad()
+def evaluate_udacity(model, test: UdacityFrames, train_mean: float, n_samples: int, seed: int) -> dict:
+    pred, y = trainer.predict_dataset(model, test, 256, n_samples or None, seed, next(model.parameters()).device.type)
+    report = metrics.regression_report(pred, y)
+    report["mse_train_mean"] = metrics.mse(np.full(y.shape, train_mean), y)
+    report["n_frames"] = len(test)
+    return {
+        "test": report,
+        "protocol": "test = held-out contiguous blocks of the recording (center camera, not augmented); "
+        "mse_train_mean = MSE of always predicting the training mean steering",
+    }
