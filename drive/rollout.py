@@ -140,9 +140,21 @@ def rollout(
             off_events += int(is_off and not was_off)
             was_off = is_off
             record = StepRecord(
-                seed, episode, t, obs, info, action, label, out.source, out.extras,
-                float(reward), bool(terminated), bool(truncated), next_obs, next_info,
-            )  # fmt: skip
+                seed,
+                episode,
+                t,
+                obs,
+                info,
+                action,
+                label,
+                out.source,
+                out.extras,
+                float(reward),
+                bool(terminated),
+                bool(truncated),
+                next_obs,
+                next_info,
+            )
             for observer in observers:
                 observer(record)
             t += 1

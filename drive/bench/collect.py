@@ -1,0 +1,164 @@
+"""`drive bench collect`: frames/s of the stock CarRacing loop, the fast-renderer loop and `drive collect` (1 and 2
+workers), measured in one run and printed side by side with the ratios the foundation issue targets:
+
+    collect (1 worker) >= 0.9x the fast-renderer loop with the same expert, and >= 1.8x the stock loop
+    collect (2 workers) >= 1.7x collect (1 worker)
+
+The stock loop is gymnasium's CarRacing-v3 (pygame renderer) under random actions, the way a user would drive it
+without our bridge. The fast loops drive our pixel bridge (84x84 frame stack) with random actions and with the same
+expert `drive collect` uses, so "collect / fast (expert)" is the cost of recording alone: stacking, copying,
+compressing and writing shards. Collect rates count the whole run (worker start-up included) over all frames.
+A benchmark, not a test: the figures depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from datasets.demonstrations import atomic_write
+from drive import collect as collect_cmd
+from drive.rollout import load_expert_policy
+
+TARGETS = {"collect1_over_fast_expert": 0.9, "collect1_over_stock": 1.8, "collect2_over_collect1": 1.7}
+
+
+@dataclass(frozen=True)
+class Config:
+    out: Path | None = None
+    """results JSON file; default: print only"""
+    steps: int = 2000
+    """env steps timed per loop benchmark (stock, fast random, fast expert)"""
+    episodes: int = 4
+    """episodes per collect run (1 worker, then 2 workers); even, so two workers share them equally"""
+    seeds: str = "5000-5003"
+    """track seeds of the collect runs (as many as --episodes)"""
+    expert: str = "ppo"
+    """expert that drives the fast-expert loop and the collect runs"""
+    max_episode_steps: int = 1000
+    """step limit per episode"""
+
+
+def _loop(env, n_steps: int, act) -> float:
+    """frames/s of a plain reset/step loop; act(obs, info) -> action."""
+    obs, info = env.reset(seed=0)
+    seed, start = 0, time.perf_counter()
+    for _ in range(n_steps):
+        obs, _, terminated, truncated, info = env.step(act(obs, info))
+        if terminated or truncated:
+            seed += 1
+            obs, info = env.reset(seed=seed)
+    return n_steps / (time.perf_counter() - start)
+
+
+def stock_fps(n_steps: int) -> float:
+    import gymnasium as gym
+
+    env = gym.make("CarRacing-v3")
+    env.action_space.seed(0)
+    try:
+        return _loop(env, n_steps, lambda obs, info: env.action_space.sample())
+    finally:
+        env.close()
+
+
+def fast_fps(n_steps: int, expert: str | None, max_episode_steps: int) -> float:
+    from sim_bridges.carracing import make_carracing
+
+    env = make_carracing(mode="pixels", fast_render=True, max_episode_steps=max_episode_steps)
+    try:
+        if expert is None:
+            env.action_space.seed(0)
+            return _loop(env, n_steps, lambda obs, info: env.action_space.sample())
+        policy = load_expert_policy(expert)
+        policy.reset()
+        return _loop(env, n_steps, policy.act)
+    finally:
+        env.close()
+
+
+def collect_fps(workers: int, cfg: Config) -> float:
+    with tempfile.TemporaryDirectory(prefix="bench_collect_") as tmp:
+        summary = collect_cmd.collect(
+            collect_cmd.Config(
+                out=Path(tmp),
+                expert=cfg.expert,
+                episodes=cfg.episodes,
+                seeds=cfg.seeds,
+                workers=workers,
+                max_episode_steps=cfg.max_episode_steps,
+                progress=False,
+            )
+        )
+        return summary.fps
+
+
+def run(cfg: Config) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    fps: dict[str, float] = {}
+    n, limit = cfg.steps, cfg.max_episode_steps
+    plan = [
+        ("stock", "stock CarRacing-v3, random actions", lambda: stock_fps(n)),
+        ("fast_random", "fast renderer bridge, random actions", lambda: fast_fps(n, None, limit)),
+        ("fast_expert", f"fast renderer bridge, {cfg.expert} expert", lambda: fast_fps(n, cfg.expert, limit)),
+        ("collect1", f"drive collect, {cfg.expert}, 1 worker", lambda: collect_fps(1, cfg)),
+        ("collect2", f"drive collect, {cfg.expert}, 2 workers", lambda: collect_fps(2, cfg)),
+    ]
+    labels = {key: label for key, label, _ in plan}
+    # collect runs first, 2 workers first: like the CLI, this process then holds no torch yet, so the pool forks
+    # (the in-process 1-worker run and the expert loop load the torch expert here)
+    for key, label, measure in [plan[4], plan[3], *plan[:3]]:
+        with console.status(f"measuring {label} ..."):
+            fps[key] = measure()
+        console.print(f"{label}: {fps[key]:.0f} frames/s")
+    fps = {key: fps[key] for key, _, _ in plan}
+    ratios = {
+        "collect1_over_fast_expert": fps["collect1"] / fps["fast_expert"],
+        "collect1_over_fast_random": fps["collect1"] / fps["fast_random"],
+        "collect1_over_stock": fps["collect1"] / fps["stock"],
+        "fast_random_over_stock": fps["fast_random"] / fps["stock"],
+        "collect2_over_collect1": fps["collect2"] / fps["collect1"],
+    }
+    table = Table(title="frames/s")
+    table.add_column("loop")
+    table.add_column("frames/s", justify="right")
+    for key, value in fps.items():
+        table.add_row(labels[key], f"{value:.0f}")
+    console.print(table)
+    checks = Table(title="ratios")
+    for col in ("ratio", "measured", "target", ""):
+        checks.add_column(col, justify="right" if col else "left")
+    for key, value in ratios.items():
+        target = TARGETS.get(key)
+        verdict = "" if target is None else ("met" if value >= target else "MISSED")
+        checks.add_row(key, f"{value:.2f}x", "-" if target is None else f">= {target}x", verdict)
+    console.print(checks)
+    results = {
+        "frames_per_s": fps,
+        "ratios": ratios,
+        "targets": TARGETS,
+        "met": {key: ratios[key] >= target for key, target in TARGETS.items()},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0],
+            "numpy": np.__version__,
+        },
+    }
+    if cfg.out is not None:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
+        print(f"wrote {cfg.out}")
+    return 0
