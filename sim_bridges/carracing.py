@@ -31,6 +31,7 @@ lateral offset means "too far left", corrected by steering right, i.e. a positiv
 from __future__ import annotations
 
 import logging
+import math
 
 import cv2
 import gymnasium as gym
@@ -122,52 +123,51 @@ class CarRacingBridge(CarRacing):
         self._seg_dir = np.arctan2(seg[:, 1], seg[:, 0])  # (N,)
         self._cum = np.concatenate([[0.0], np.cumsum(seg_len)])  # (N+1,) arc length at each point
         self._lap_len = float(self._cum[-1])
+        self._seg_len2 = seg_len**2
+        self._lookahead = np.asarray(LOOKAHEAD_M, dtype=np.float64)
 
     def _project(self, pos):
         """Closest point on the closed centreline: (segment index, arc length s, lateral offset + left)."""
         rel = pos[None, :] - self._pts  # (N, 2)
-        u = np.clip(np.einsum("nd,nd->n", rel, self._seg) / self._seg_len**2, 0.0, 1.0)  # (N,)
-        closest = self._pts + u[:, None] * self._seg  # (N, 2)
-        i = int(np.argmin(np.sum((pos[None, :] - closest) ** 2, axis=1)))
-        d = pos - closest[i]
-        cross = self._seg[i, 0] * d[1] - self._seg[i, 1] * d[0]  # + when pos is left of the segment direction
-        offset = float(np.hypot(*d)) * (1.0 if cross >= 0 else -1.0)
+        u = np.clip((rel * self._seg).sum(1) / self._seg_len2, 0.0, 1.0)  # (N,)
+        d = rel - u[:, None] * self._seg  # (N, 2) from the closest point of each segment to the car
+        i = int(np.argmin((d * d).sum(1)))
+        cross = self._seg[i, 0] * d[i, 1] - self._seg[i, 1] * d[i, 0]  # + when the car is left of the segment
+        offset = math.hypot(d[i, 0], d[i, 1]) * (1.0 if cross >= 0 else -1.0)
         return i, float(self._cum[i] + u[i] * self._seg_len[i]), offset
-
-    def _point_at(self, s):
-        s = s % self._lap_len
-        i = int(np.searchsorted(self._cum, s, side="right") - 1) % len(self._pts)
-        u = (s - self._cum[i]) / self._seg_len[i]
-        return self._pts[i] + u * self._seg[i], self._seg_dir[i]
 
     def privileged_state(self) -> np.ndarray:
         car = self.car
         pos = np.array(car.hull.position, dtype=np.float64)
-        heading = car.hull.angle + np.pi / 2  # the hull's local +y axis is its nose
-        fwd = np.array([np.cos(heading), np.sin(heading)])
-        left = np.array([-fwd[1], fwd[0]])
-        vel = np.array(car.hull.linearVelocity, dtype=np.float64)
+        heading = car.hull.angle + math.pi / 2  # the hull's local +y axis is its nose
+        cos_h, sin_h = math.cos(heading), math.sin(heading)
+        vx, vy = car.hull.linearVelocity
         i, s, offset = self._project(pos)
         on_road = [float(len(w.tiles) > 0) for w in car.wheels]
-        out = [
-            float(np.hypot(*vel)),
-            float(vel @ fwd),
-            float(vel @ left),
-            float(car.hull.angularVelocity),
-            float(_wrap(heading - self._seg_dir[i])),
+        out = np.empty(STATE_DIM, dtype=np.float64)
+        out[:LOOKAHEAD_START] = [
+            math.hypot(vx, vy),
+            vx * cos_h + vy * sin_h,
+            -vx * sin_h + vy * cos_h,
+            car.hull.angularVelocity,
+            _wrap(heading - self._seg_dir[i]),
             offset,
-            float(car.wheels[0].joint.angle),
-            *(float(w.omega) for w in car.wheels),
+            car.wheels[0].joint.angle,
+            *(w.omega for w in car.wheels),
             *on_road,
             float(not any(on_road)),
             self.tile_visited_count / len(self.track),
             *self._prev_action.tolist(),
         ]
-        for d in LOOKAHEAD_M:
-            p, direction = self._point_at(s + d)
-            rel = p - pos
-            out += [float(rel @ fwd), float(rel @ left), float(_wrap(direction - heading))]
-        return np.asarray(out, dtype=np.float32)
+        # look-ahead samples, all at once: the point at arc length s + d on the polyline, in the car frame
+        sd = (s + self._lookahead) % self._lap_len  # (K,)
+        j = np.minimum(np.searchsorted(self._cum, sd, side="right") - 1, len(self._pts) - 1)  # (K,)
+        p = self._pts[j] + ((sd - self._cum[j]) / self._seg_len[j])[:, None] * self._seg[j] - pos  # (K, 2)
+        ahead = out[LOOKAHEAD_START:].reshape(-1, 3)  # (K, 3) view
+        ahead[:, 0] = p[:, 0] * cos_h + p[:, 1] * sin_h
+        ahead[:, 1] = -p[:, 0] * sin_h + p[:, 1] * cos_h
+        ahead[:, 2] = _wrap(self._seg_dir[j] - heading)
+        return out.astype(np.float32)
 
     def _info(self, base_info):
         state = self.privileged_state()
