@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Config:
     policy: str = "expert:ppo"
-    """policy spec: expert:ppo, expert:pursuit or expert:PATH (an expert checkpoint)"""
+    """policy spec: expert:ppo, expert:pursuit, expert:PATH (expert checkpoint), ckpt:PATH (trained controller)"""
     seeds: str = "1000-1019"
     """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix"""
     out: Path | None = None
@@ -46,6 +46,21 @@ class Config:
     """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
     progress: bool = True
     """show a progress bar"""
+    # -- trained controllers (ckpt:PATH); see drive/policies.py --
+    samples: int | None = None
+    """ckpt: stochastic samples per step (default: the controller's own, 32 for NSAC)"""
+    shadow: str | None = None
+    """ckpt: shadow expert acting on the controller's states (default ppo; pursuit on fake-road; none: off)"""
+    fallback: Literal["off", "expert", "slow"] = "off"
+    """ckpt: uncertainty-gated fallback; when on, every seed also runs without it and both returns are reported"""
+    fallback_threshold: float | None = None
+    """ckpt: epistemic-variance threshold (default: stored in the checkpoint, else calibrated on --calibrate-seeds)"""
+    calibrate_seeds: str = "2000-2004"
+    """ckpt: nominal laps to calibrate the fallback threshold on, when none is given or stored"""
+    trace: Path | None = None
+    """ckpt: write each episode's interpretability trace (Parquet + plots) into this directory"""
+    seed: int = 0
+    """ckpt: seed of the controller's sampling"""
 
 
 # -- policy specs ----------------------------------------------------------------------------------------------------
@@ -53,8 +68,14 @@ def _expert(arg: str, env: str) -> Policy:
     return load_expert_policy(arg, env)
 
 
-#: spec kind -> builder(arg, env). Extend here (e.g. "ckpt": a trained controller from a checkpoint path).
-POLICY_KINDS: dict[str, Callable[[str, str], Policy]] = {"expert": _expert}
+def _ckpt(arg: str, env: str, **options: Any) -> Policy:
+    from drive.policies import ckpt_policy
+
+    return ckpt_policy(arg, env, **options)
+
+
+#: spec kind -> builder(arg, env, **options). Extend here.
+POLICY_KINDS: dict[str, Callable[..., Policy]] = {"expert": _expert, "ckpt": _ckpt}
 
 
 def parse_policy_spec(spec: str) -> tuple[str, str]:
@@ -66,10 +87,10 @@ def parse_policy_spec(spec: str) -> tuple[str, str]:
     return kind, arg
 
 
-def make_policy(spec: str, env: str = "carracing") -> Policy:
-    """Build the policy a spec such as 'expert:ppo' names."""
+def make_policy(spec: str, env: str = "carracing", **options: Any) -> Policy:
+    """Build the policy a spec such as 'expert:ppo' names (options: only for kinds that take them, e.g. ckpt)."""
     kind, arg = parse_policy_spec(spec)
-    return POLICY_KINDS[kind](arg, env)
+    return POLICY_KINDS[kind](arg, env, **options)
 
 
 # -- one episode (in a worker or in this process) --------------------------------------------------------------------
@@ -80,14 +101,23 @@ def evaluate_episode(spec: str, env_settings: Mapping[str, Any], seed: int, tick
     key = (spec, tuple(sorted(env_settings.items())))
     if key not in _CACHE:
         _CACHE.clear()
-        policy = make_policy(spec, env_settings["env"])
+        policy = make_policy(spec, env_settings["env"], **dict(env_settings.get("policy_options", ())))
         pixels = bool(getattr(policy, "needs_pixels", True))
-        env = make_env(env_settings["env"], pixels=pixels, max_episode_steps=env_settings["max_episode_steps"])
-        _CACHE[key] = (policy, env)
-    policy, env = _CACHE[key]
+        trace = env_settings.get("trace")
+        env = make_env(env_settings["env"], pixels=pixels, max_episode_steps=env_settings["max_episode_steps"],
+                       keep_raw=bool(trace))  # fmt: skip
+        observers = []
+        if trace:
+            from drive.recorder import TraceRecorder
+
+            observers.append(TraceRecorder(trace, env=env, policy_name=spec))
+        _CACHE[key] = (policy, env, observers)
+    policy, env, observers = _CACHE[key]
     start = time.perf_counter()
-    [result] = rollout(env, policy, seeds=[seed], on_step=Ticker(tick))
+    [result] = rollout(env, policy, seeds=[seed], on_step=[Ticker(tick), *observers])
     record = result.to_dict()
+    if hasattr(policy, "episode_summary"):
+        record.update(policy.episode_summary())
     record["wall_s"] = time.perf_counter() - start
     return record
 
@@ -113,6 +143,10 @@ def evaluate(cfg: Config) -> dict[str, Any]:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
     parse_policy_spec(cfg.policy)  # a bad spec fails here, not in every worker
     env_settings = {"env": cfg.env, "max_episode_steps": cfg.max_episode_steps}
+    if parse_policy_spec(cfg.policy)[0] == "ckpt":
+        from drive.policies import evaluate_controller
+
+        return evaluate_controller(cfg, seeds, env_settings)
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
     tasks = [(cfg.policy, env_settings, seed) for seed in seeds]
@@ -157,6 +191,10 @@ def run(cfg: Config) -> int:
         f"min_return {results['min_return']:.1f}, max_return {results['max_return']:.1f}, "
         f"{results['laps_finished']}/{results['n_episodes']} laps finished"
     )
+    if parse_policy_spec(cfg.policy)[0] == "ckpt":
+        from drive.policies import describe
+
+        print(describe(results))
     if cfg.out is not None:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
         atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())

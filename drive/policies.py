@@ -9,8 +9,8 @@
 - The shadow expert acts on `info["state"]` every step, on the controller's own states, without driving: it is the
   on-policy label that measures calibration in closed loop (coverage of its steering by the controller's intervals,
   NLL of its action) and the driver the fallback hands over to.
-- `OnPolicyStats`: an observer turning those extras into per-episode summaries (coverage50/90 of the expert's
-  steering, NLL of the expert's action, latency p50/p95, mean epistemic variance, fallback interventions).
+- `episode_summary()` (after each episode; `drive eval` merges it into the episode's record): coverage50/90 of the
+  expert's steering, NLL of the expert's action, latency p50/p95, mean epistemic variance, fallback interventions.
 - `calibrate_fallback`: the fallback threshold from nominal laps (the controller driving alone on tracks that are
   not evaluated).
 """
@@ -29,7 +29,7 @@ from scipy import stats
 
 from agents.base import total_variance
 from drive.fallback import FallbackConfig, FallbackGate, calibrate_threshold, score
-from drive.rollout import PolicyOutput, StepRecord, make_env, rollout
+from drive.rollout import PolicyOutput, make_env, parse_seeds, rollout
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class ControllerPolicy:
         self.fallback = fallback
         self.name = name
         self.generator = torch.Generator().manual_seed(self.seed)
+        self.stats = OnPolicyStats()
 
     def reset(self, seed: int | None = None) -> None:
         # sampling replays exactly per (policy seed, track seed), whatever ran before
@@ -71,6 +72,14 @@ class ControllerPolicy:
             self.shadow.reset()
         if self.fallback is not None:
             self.fallback.reset()
+        self.stats.reset()
+
+    def episode_summary(self) -> dict[str, Any]:
+        """The finished episode's on-policy calibration, latency and fallback figures."""
+        out = self.stats.summary()
+        if self.fallback is not None:
+            out.update(self.fallback.summary())
+        return out
 
     @torch.inference_mode()
     def predict(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
@@ -100,6 +109,7 @@ class ControllerPolicy:
             "expert": expert,
             "fallback": "off",
         }
+        self.stats.add(mean, ale, epi, latency_ms, expert)
         source, executed = "policy", action
         if self.fallback is not None:
             value = score(epi, self.fallback.cfg.signal)
@@ -117,40 +127,32 @@ class ControllerPolicy:
 
 
 class OnPolicyStats:
-    """Observer: per-episode on-policy calibration and latency from a ControllerPolicy's extras."""
+    """Per-episode on-policy calibration and latency, accumulated from the steps a ControllerPolicy takes."""
 
-    def __init__(self, policy: ControllerPolicy | None = None):
-        self.policy = policy
-        self.episodes: dict[int, dict[str, Any]] = {}
-        self._reset()
+    def __init__(self):
+        self.reset()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
         self._mean, self._var, self._expert, self._latency, self._epi = [], [], [], [], []
 
-    def __call__(self, record: StepRecord) -> None:
-        extras = record.extras
-        if "mean" in extras:
-            self._mean.append(extras["mean"])
-            self._var.append(np.asarray(extras["aleatoric_var"]) + np.asarray(extras["epistemic_var"]))
-            self._epi.append(extras["epistemic_var"])
-            self._latency.append(extras["latency_ms"])
-            if extras.get("expert") is not None:
-                self._expert.append(extras["expert"])
-        if record.done:
-            self.episodes[record.seed] = self._summary()
-            self._reset()
+    def add(self, mean, ale, epi, latency_ms: float, expert) -> None:
+        self._mean.append(mean)
+        self._var.append(np.asarray(ale) + np.asarray(epi))
+        self._epi.append(epi)
+        self._latency.append(latency_ms)
+        if expert is not None:
+            self._expert.append(expert)
 
-    def _summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self._mean:
-            lat = np.asarray(self._latency)
-            epi = np.asarray(self._epi)  # (T, 3)
-            out.update(latency_ms_p50=float(np.percentile(lat, 50)), latency_ms_p95=float(np.percentile(lat, 95)),
-                       epistemic_var_steer=float(epi[:, 0].mean()))  # fmt: skip
-        if self._expert and len(self._expert) == len(self._mean):
+        if not self._mean:
+            return out
+        lat = np.asarray(self._latency)
+        epi = np.asarray(self._epi)  # (T, 3)
+        out.update(latency_ms_p50=float(np.percentile(lat, 50)), latency_ms_p95=float(np.percentile(lat, 95)),
+                   epistemic_var_steer=float(epi[:, 0].mean()))  # fmt: skip
+        if len(self._expert) == len(self._mean):
             out.update(expert_agreement(np.asarray(self._mean), np.asarray(self._var), np.asarray(self._expert)))
-        if self.policy is not None and self.policy.fallback is not None:
-            out.update(self.policy.fallback.summary())
         return out
 
 
@@ -192,6 +194,15 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 # -- building from a spec --------------------------------------------------------------------------------------------
+def load_shadow(name: str | None, env: str = "carracing") -> Any:
+    """The shadow expert (reset(), act(state)) by name: ppo, pursuit, an expert checkpoint path; None for none."""
+    if not name:
+        return None
+    from drive.rollout import load_expert_policy
+
+    return load_expert_policy(name, env).expert
+
+
 def load_controller_policy(
     path: str | Path,
     n_samples: int | None = None,
@@ -199,8 +210,9 @@ def load_controller_policy(
     shadow: str | None = "ppo",
     fallback: FallbackConfig | None = None,
     threshold: float | None = None,
+    env: str = "carracing",
 ) -> ControllerPolicy:
-    """A checkpoint as a policy. With `fallback`, `threshold` must be given (see `calibrate_fallback`)."""
+    """A checkpoint as a policy. With `fallback`, `threshold` must be given (see `resolve_threshold`)."""
     from drive.checkpoint import load_controller
 
     model, payload = load_controller(path)
@@ -209,16 +221,12 @@ def load_controller_policy(
         raise ValueError(f"{path}: controller encoder is {encoder.get('kind')!r}; CarRacing needs kind 'frames'")
     if payload["config"].get("out_dim") != 3:
         raise ValueError(f"{path}: controller predicts {payload['config'].get('out_dim')} outputs, CarRacing needs 3")
-    expert = None
-    if shadow:
-        from drive.experts import load_expert
-
-        expert = load_expert(shadow)
     gate = None
     if fallback is not None:
         if threshold is None:
-            raise ValueError("a fallback needs a threshold: calibrate it with calibrate_fallback on nominal laps")
+            raise ValueError("a fallback needs a threshold: calibrate it on nominal laps (resolve_threshold)")
         gate = FallbackGate(threshold, fallback)
+    expert = load_shadow(shadow, env)
     return ControllerPolicy(model, n_samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}")
 
 
@@ -237,18 +245,124 @@ def nominal_scores(
     return np.asarray(scores)
 
 
-def calibrate_fallback(
+def resolve_threshold(
     path: str | Path,
-    seeds: Sequence[int],
     cfg: FallbackConfig,
+    threshold: float | None = None,
+    calibrate_seeds: Sequence[int] = (),
     n_samples: int | None = None,
     seed: int = 0,
     env_kwargs: Mapping[str, Any] | None = None,
-) -> float:
-    """The threshold: the `cfg.quantile` quantile of the controller's score on nominal laps over `seeds`."""
-    policy = load_controller_policy(path, n_samples, seed, shadow=None)
-    values = nominal_scores(policy, seeds, cfg.signal, env_kwargs or {})
-    threshold = calibrate_threshold(values, cfg.quantile)
-    log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", threshold, cfg.quantile,
-             len(values), list(seeds))  # fmt: skip
-    return threshold
+) -> tuple[float, str]:
+    """The fallback threshold and where it came from: given; stored in the checkpoint's extra["fallback"] (same
+    signal, quantile and samples); else calibrated now on nominal laps over `calibrate_seeds`, as the `cfg.quantile`
+    quantile of the controller's per-step score."""
+    if threshold is not None:
+        return float(threshold), "given"
+    from drive.checkpoint import read
+
+    policy = load_controller_policy(path, n_samples, seed, shadow=None, env=(env_kwargs or {}).get("name", "carracing"))
+    stored = read(path, kind="controller").get("extra", {}).get("fallback") or {}
+    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples}
+    if stored and all(stored.get(k) == v for k, v in wanted.items()):
+        return float(stored["threshold"]), f"checkpoint (calibrated on seeds {stored.get('seeds')})"
+    if not calibrate_seeds:
+        raise ValueError(f"{path}: no fallback threshold stored for {wanted}; give one or seeds to calibrate on")
+    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs or {})
+    value = calibrate_threshold(values, cfg.quantile)
+    log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", value, cfg.quantile, len(values),
+             list(calibrate_seeds))  # fmt: skip
+    return value, f"calibrated on seeds {list(calibrate_seeds)} ({len(values)} nominal steps)"
+
+
+# -- `drive eval --policy ckpt:PATH` ---------------------------------------------------------------------------------
+def default_shadow(shadow: str | None, env: str) -> str | None:
+    """None -> the env's reference expert (ppo on CarRacing, pursuit on the fake road); 'none' or '' -> no shadow."""
+    if shadow is None:
+        return "pursuit" if env == "fake-road" else "ppo"
+    return None if shadow.lower() in ("", "none", "off") else shadow
+
+
+def ckpt_policy(
+    path: str,
+    env: str = "carracing",
+    samples: int | None = None,
+    shadow: str | None = None,
+    fallback: str = "off",
+    fallback_threshold: float | None = None,
+    seed: int = 0,
+) -> ControllerPolicy:
+    """The `ckpt:PATH` builder of drive/evaluate.py (runs in eval workers, so options are primitives).
+
+    Sets torch to one thread: a batch-1 step gains nothing from more, and on a loaded machine a second thread's
+    spin-waits turned ~1 ms steps into ~100 ms ones (measured)."""
+    torch.set_num_threads(1)
+    gate_cfg = None if fallback == "off" else FallbackConfig(mode=fallback)
+    return load_controller_policy(path, samples, seed, default_shadow(shadow, env), gate_cfg, fallback_threshold, env)
+
+
+def evaluate_controller(cfg: Any, seeds: Sequence[int], env_settings: dict[str, Any]) -> dict[str, Any]:
+    """`drive eval` for a trained controller: the episodes (in parallel with --workers) with shadow-expert
+    calibration, latency and traces; with a fallback, every seed runs twice — with the fallback and without — and
+    both returns are reported (mean_return is the run with the fallback)."""
+    from drive.evaluate import evaluate_episode, parse_policy_spec, summarise
+    from drive.pool import run_tasks
+
+    _, path = parse_policy_spec(cfg.policy)
+    shadow = default_shadow(cfg.shadow, cfg.env)
+    options = {"samples": cfg.samples, "shadow": shadow or "none", "seed": cfg.seed}
+    out: dict[str, Any] = {"policy": cfg.policy, "env": cfg.env, "seeds": list(seeds),
+                           "max_episode_steps": cfg.max_episode_steps, "shadow": shadow}  # fmt: skip
+    variants = [("", {**options, "fallback": "off"})]
+    if cfg.fallback != "off":
+        fb = FallbackConfig(mode=cfg.fallback)
+        threshold, origin = resolve_threshold(
+            path, fb, cfg.fallback_threshold, parse_seeds(cfg.calibrate_seeds), cfg.samples, cfg.seed,
+            {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},
+        )  # fmt: skip
+        out["fallback"] = {"mode": fb.mode, "signal": fb.signal, "quantile": fb.quantile, "threshold": threshold,
+                           "threshold_origin": origin}  # fmt: skip
+        variants = [("", {**options, "fallback": fb.mode, "fallback_threshold": threshold}),
+                    ("no_fallback", variants[0][1])]  # fmt: skip
+    start = time.perf_counter()
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, opts in variants:
+        settings = {**env_settings, "policy_options": tuple(sorted(opts.items()))}
+        if cfg.trace is not None:
+            settings["trace"] = str(Path(cfg.trace) / name) if name else str(cfg.trace)
+        records: list[dict[str, Any]] = []
+        tasks = [(cfg.policy, settings, seed) for seed in seeds]
+        run_tasks(evaluate_episode, tasks, cfg.workers, records.append, show=cfg.progress, label=name or "eval")
+        runs[name] = sorted(records, key=lambda r: r["seed"])
+    records = runs[""]
+    out.update(summarise(records))
+    out.update(aggregate(records))
+    if "no_fallback" in runs:
+        plain = runs["no_fallback"]
+        for record, other in zip(records, plain, strict=True):
+            record["return_no_fallback"] = other["return"]
+        without = summarise(plain)
+        out.update({f"{k}_no_fallback": without[k] for k in ("mean_return", "std_return", "min_return")})
+        out["episodes_no_fallback"] = plain
+    out["wall_s"] = time.perf_counter() - start
+    out["episodes"] = records
+    return out
+
+
+def describe(results: Mapping[str, Any]) -> str:
+    """The controller-specific lines `drive eval` prints under its table."""
+    lines = []
+    if "coverage90_steer" in results:
+        r = results
+        lines.append(f"shadow expert ({r.get('shadow')}): coverage50_steer {r['coverage50_steer']:.3f}, "
+                     f"coverage90_steer {r['coverage90_steer']:.3f}, nll_expert {r['nll_expert']:.3f}")  # fmt: skip
+    if "latency_ms_p50" in results:
+        lines.append(f"controller latency per step: p50 {results['latency_ms_p50']:.2f} ms, "
+                     f"p95 {results['latency_ms_p95']:.2f} ms")  # fmt: skip
+    if "fallback" in results:
+        fb = results["fallback"]
+        lines.append(f"fallback {fb['mode']} (threshold {fb['threshold']:.3g}, {fb['threshold_origin']}): "
+                     f"{results.get('n_interventions', 0)} interventions, {results.get('fallback_fraction', 0):.1%} "
+                     f"of steps; mean_return {results['mean_return']:.1f} with, "
+                     f"{results['mean_return_no_fallback']:.1f} without")  # fmt: skip
+    return "\n".join(lines)
