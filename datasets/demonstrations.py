@@ -215,7 +215,14 @@ def load_episode(root: str | os.PathLike, meta: dict[str, Any], frame_stack: int
 class Demonstrations:
     """A dataset directory: `Demonstrations(DIR)` lists the unflagged episodes; iterate, load or split them."""
 
-    def __init__(self, root: str | os.PathLike, include_flagged: bool = False, verify: bool = True):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        include_flagged: bool = False,
+        verify: bool = True,
+        min_return: float | None = None,
+    ):
+        """`min_return` re-flags episodes by their recorded return instead of the threshold they were recorded with."""
         self.root = Path(root)
         self.manifest = read_manifest(self.root)
         self.settings: dict[str, Any] = self.manifest["settings"]
@@ -225,6 +232,8 @@ class Demonstrations:
         except (KeyError, TypeError, ValueError):
             raise DemonstrationError(f"{self.root / MANIFEST}: settings.frame_stack missing or not an int") from None
         everything = self.manifest["episodes"]
+        if min_return is not None:
+            everything = [{**e, "flagged": bool(e["return"] < min_return)} for e in everything]
         self.n_flagged = sum(bool(e["flagged"]) for e in everything)
         self.episodes: list[dict[str, Any]] = [e for e in everything if include_flagged or not e["flagged"]]
 

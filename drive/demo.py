@@ -29,8 +29,8 @@ class Config:
     """expert that drives: ppo (shipped), pursuit, or a path to an expert checkpoint"""
     episodes: int = 2
     """number of demonstrations to record"""
-    seeds: str = "0-1"
-    """track seeds of the demonstrations ('A-B' inclusive or 'A,B,C')"""
+    seeds: str | None = None
+    """track seeds of the demonstrations ('A-B' inclusive or 'A,B,C'; default 0..episodes-1)"""
     workers: int = min(2, os.cpu_count() or 1)
     """parallel worker processes for the recording"""
     video_steps: int = 600

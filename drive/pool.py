@@ -26,9 +26,12 @@ def _init_worker(counter: Any) -> None:
         import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # one process per core: no library thread pools competing with the other workers
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
+    if "cv2" in sys.modules:
+        sys.modules["cv2"].setNumThreads(1)
 
 
 def worker_tick(n: int) -> None:

@@ -86,6 +86,7 @@ def test_low_return_episodes_are_flagged_and_excluded_by_default(tmp_path):
     ds = Demonstrations(tmp_path / "cut")
     assert ds.seeds == sorted(set(returns) - set(low)) and ds.n_flagged == len(low)
     assert Demonstrations(tmp_path / "cut", include_flagged=True).seeds == [0, 1, 2, 3]
+    assert Demonstrations(tmp_path / "all", min_return=threshold).seeds == ds.seeds  # re-flagged when read
     with pytest.raises(KeyError, match="not among"):
         ds.load(low[0])
     info = summarise(tmp_path / "cut", verify=True)

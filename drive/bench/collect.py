@@ -36,10 +36,10 @@ class Config:
     """results JSON file; default: print only"""
     steps: int = 2000
     """env steps timed per loop benchmark (stock, fast random, fast expert)"""
-    episodes: int = 4
+    episodes: int = 6
     """episodes per collect run (1 worker, then 2 workers); even, so two workers share them equally"""
-    seeds: str = "5000-5003"
-    """track seeds of the collect runs (as many as --episodes)"""
+    first_seed: int = 5000
+    """track seeds of the collect runs: first_seed .. first_seed + episodes - 1"""
     expert: str = "ppo"
     """expert that drives the fast-expert loop and the collect runs"""
     max_episode_steps: int = 1000
@@ -91,7 +91,7 @@ def collect_fps(workers: int, cfg: Config) -> float:
                 out=Path(tmp),
                 expert=cfg.expert,
                 episodes=cfg.episodes,
-                seeds=cfg.seeds,
+                seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}",
                 workers=workers,
                 max_episode_steps=cfg.max_episode_steps,
                 progress=False,
