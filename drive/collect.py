@@ -109,22 +109,22 @@ class Recorder:
         if obs.shape[0] != self.k:
             raise ValueError(f"expected a ({self.k}, H, W) frame stack, got observation shape {obs.shape}")
         if rec.t == 0:
-            self.frames.extend(obs[:-1])  # the reset stack's padding
+            self.frames.extend(obs[:-1].copy())  # the reset stack's padding
         elif not np.array_equal(obs[:-1], np.stack(self.frames[-(self.k - 1) :])):
             # The reader rebuilds stacks as a sliding window over stored frames; refuse an env that stacks otherwise.
             raise ValueError(f"seed {rec.seed} step {rec.t}: the frame stack is not a sliding window over frames")
-        self.frames.append(obs[-1])
+        self.frames.append(obs[-1].copy())  # copies: an env may reuse its buffers
         s = self.steps
         s["label"].append(rec.label)
         s["action"].append(rec.action)
-        s["state"].append(rec.info["state"])
+        s["state"].append(np.array(rec.info["state"], np.float32))
         s["reward"].append(rec.reward)
         s["progress"].append(rec.next_info.get("progress", np.nan))
         s["speed"].append(rec.info.get("speed", np.nan))
         s["pose"].append(rec.info.get("pose", np.full(3, np.nan)))
         s["off_track"].append(bool(rec.next_info.get("off_track", False)))
         if self.keep_raw:
-            s["raw"].append(rec.info["raw_frame"])
+            s["raw"].append(np.array(rec.info["raw_frame"], np.uint8))
 
     def arrays(self) -> dict[str, np.ndarray]:
         s = self.steps
