@@ -1,0 +1,243 @@
+"""NSAC attention: the stochastic attention layer of "Neuronal Stochastic Attention Circuit for Probabilistic
+Representation Learning" (Razzaq et al.), built on Neural Circuit Policies wirings (Lechner et al. 2020, `ncps`).
+
+Per head h (width d_h = d_model / H), query token i and selected key j:
+
+    q, k, v  = NN_sensory(x)                      sparse linear maps (masks: sensory -> inter synapses of an NCP)
+    u_ij     = [q_i ; k_j]                        only for the top-K keys j of query i by score q_i . k_j
+    z_ij     = NN_backbone(u_ij)                  NCP-wired feed-forward pass inter -> command -> motor (3 motors)
+    kappa    = softplus(z_0) + kappa_min  > 0     mean-reversion rate
+    phi      = tanh(z_1)                          long-term mean
+    psi      = softplus(z_2) + psi_min    > 0     noise
+    t_h      = sigmoid(-t_a[h] * t_sample + t_b[h])      t_a, t_b learnable; t_sample = 1 unless the input has time
+    da = kappa (phi - a) dt + psi dW,  a(0) = 0, gates frozen on [0, t_h], closed form (`ou_moments`):
+        mu     = phi (1 - exp(-kappa t))
+        sigma2 = psi^2 (1 - exp(-2 kappa t)) / (2 kappa)  * noise_scale^2
+    a_ij = mu_ij + sigma_ij eps_ij,  eps ~ N(0, 1) iid per logit and sample;  alpha_i = softmax_j(a_i.)
+    out_i = sum_j alpha_ij v_j;  heads concatenated and projected to 2 d_model = [mu_out ; s_out] (mean, log-std)
+
+Departures from the authors' public code, and why:
+- The backbone is a masked feed-forward pass (tanh units) through the inter, command and motor layers of an ncps
+  AutoNCP wiring, masks held as buffers. The authors run it as one step of a recurrent cell from a zero state, which
+  makes kappa, phi, psi input-independent constants; the paper describes input-dependent gates, which we implement.
+  The command layer's recurrent synapses have no role in a single feed-forward pass and are left out.
+- noise_scale defaults to 1, the paper's OU variance; the authors' code multiplies the noise by 0.1 (1e-4 in their
+  CarRacing run) without saying so.
+- kappa and psi carry small floors so they stay > 0 in float32, where softplus underflows to exactly 0.
+
+Speed and memory (see `drive bench attention`):
+- Top-K keys are chosen from q.k scores computed without autograd in query chunks (at most `score_chunk` scores
+  at a time), so no n x n tensor is kept for the backward pass and the n x n pairwise inputs [q_i; k_j] are never
+  built: the first backbone layer is split, W [q; k] = W_q q + W_k k, each term computed once per token and gathered
+  per pair. Everything saved for the backward pass is O(n K).
+- The S samples share the gates: noise for all S is drawn in one op with S folded into the batch, per-pair tensors
+  are laid out (.., K, n) so the softmax over keys is a vectorised reduction over rows.
+- Everything after the softmax is linear. With `readout` (weight (P, 2d), bias (P,) of a linear map applied to the
+  token-mean of the output) the value, output and readout maps are folded into one (P)-vector per key before sampling,
+  and each sample costs one (S, H K n) x (H K n, P) batched matmul: exact, not an approximation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from ncps.wirings import NCP, AutoNCP
+from torch import Tensor, nn
+
+
+def ou_moments(kappa: Tensor, phi: Tensor, psi: Tensor, t: Tensor | float) -> tuple[Tensor, Tensor]:
+    """Mean and variance at time t of da = kappa (phi - a) dt + psi dW, a(0) = 0 (expm1: exact for small kappa t)."""
+    t = torch.as_tensor(t, dtype=kappa.dtype, device=kappa.device)
+    mu = phi * -torch.expm1(-kappa * t)
+    var = psi.square() * -torch.expm1(-2 * kappa * t) / (2 * kappa)
+    return mu, var
+
+
+def sensory_mask(n_in: int, n_out: int, sparsity: float, seed: int) -> Tensor:
+    """(n_out, n_in) 0/1 mask: the sensory -> inter synapses of an NCP wiring with n_out inter neurons."""
+    fanout = max(1, round(n_out * (1 - sparsity)))
+    wiring = NCP(n_out, 1, 1, fanout, 1, 0, 1, seed=seed)  # one command and one motor neuron: only the inputs matter
+    wiring.build(n_in)
+    inter = wiring.get_neurons_of_layer(0)
+    return torch.tensor(wiring.sensory_adjacency_matrix[:, inter] != 0, dtype=torch.float32).T
+
+
+def backbone_masks(n_in: int, units: int, n_motor: int, sparsity: float, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Masks (out, in) of an AutoNCP wiring: sensory -> inter, inter -> command, command -> motor."""
+    wiring = AutoNCP(units, n_motor, sparsity_level=sparsity, seed=seed)
+    wiring.build(n_in)
+    inter, command, motor = (wiring.get_neurons_of_layer(i) for i in range(3))
+    adj, sens = wiring.adjacency_matrix != 0, wiring.sensory_adjacency_matrix != 0
+    masks = sens[:, inter], adj[np.ix_(inter, command)], adj[np.ix_(command, motor)]
+    return tuple(torch.tensor(m, dtype=torch.float32).T for m in masks)  # type: ignore[return-value]
+
+
+class MaskedLinear(nn.Module):
+    """y = x (W * mask)^T + b with a fixed wiring mask (a buffer); init uniform(+-1/sqrt(fan-in within the mask))."""
+
+    def __init__(self, mask: Tensor, bias: bool = True):
+        super().__init__()
+        self.register_buffer("mask", mask)
+        bound = mask.sum(1, keepdim=True).clamp_min(1).rsqrt()  # (out, 1)
+        self.weight = nn.Parameter((torch.rand(mask.shape) * 2 - 1) * bound)
+        self.bias = nn.Parameter(torch.zeros(mask.shape[0])) if bias else None
+
+    def masked_weight(self) -> Tensor:
+        return self.weight * self.mask
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.masked_weight(), self.bias)
+
+
+def gather_keys(per_key: Tensor, idx: Tensor) -> Tensor:
+    """per_key (B, H, n, F) and key indices idx (B, H, K, n) -> (B, H, K, n, F): row idx[b,h,k,i] of per_key[b,h]."""
+    b, h, n, f = per_key.shape
+    offset = torch.arange(b * h, device=idx.device).view(b, h, 1, 1) * n
+    rows = (idx + offset).reshape(-1)  # (B*H*K*n,)
+    return per_key.reshape(b * h * n, f).index_select(0, rows).view(*idx.shape, f)
+
+
+class NSACAttention(nn.Module):
+    """NSAC multi-head self-attention. (B, n, d) -> (S, B, n, 2d), or (S, B, P) with a folded pooled `readout`."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 4,
+        top_k: int | None = 8,
+        sparsity: float = 0.5,
+        backbone_units: int = 0,
+        noise_scale: float = 1.0,
+        seed: int = 22222,
+        kappa_min: float = 1e-3,
+        psi_min: float = 1e-4,
+        score_chunk: int = 1 << 20,
+    ):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        if not 0.1 <= sparsity <= 0.9:
+            raise ValueError(f"sparsity={sparsity} must be in [0.1, 0.9] (ncps AutoNCP sparsity_level)")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1 (or None for all keys)")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.top_k, self.noise_scale, self.score_chunk = top_k, noise_scale, score_chunk
+        self.kappa_min, self.psi_min = kappa_min, psi_min
+        self.q_proj, self.k_proj, self.v_proj = (
+            MaskedLinear(sensory_mask(d_model, d_model, sparsity, seed + i)) for i in range(3)
+        )
+        units = backbone_units or max(8, 2 * self.d_head)
+        m1, m2, m3 = backbone_masks(2 * self.d_head, units, 3, sparsity, seed + 3)
+        self.inter, self.command, self.motor = MaskedLinear(m1), MaskedLinear(m2), MaskedLinear(m3)
+        self.t_a = nn.Parameter(torch.zeros(n_heads))
+        self.t_b = nn.Parameter(torch.zeros(n_heads))
+        self.out_proj = nn.Linear(d_model, 2 * d_model)
+        #: set by `agents.layers.stochastic_attention` to resample the attention weights (SA); None = off
+        self.sa_resample: Callable[[Tensor], Tensor] | None = None
+        self._last: dict[str, Tensor] = {}
+
+    # -- pieces ----------------------------------------------------------------------------------------------------
+    def _heads(self, proj: MaskedLinear, x: Tensor) -> Tensor:  # (B, n, d) -> (B, H, n, dh)
+        b, n, _ = x.shape
+        return proj(x).view(b, n, self.n_heads, self.d_head).transpose(1, 2)
+
+    @torch.no_grad()
+    def select_keys(self, q: Tensor, k: Tensor) -> Tensor:
+        """Top-K keys per query by q.k, ascending key order. q, k (B, H, n, dh) -> idx (B, H, K, n)."""
+        b, h, n, _ = q.shape
+        n_keys = min(self.top_k, k.shape[2])
+        rows = max(1, self.score_chunk // (b * h * k.shape[2]))
+        parts = [(q[:, :, s : s + rows] @ k.transpose(-1, -2)).topk(n_keys, -1).indices for s in range(0, n, rows)]
+        idx = torch.cat(parts, 2).sort(-1).values  # (B, H, n, K); sorted so K = n is the dense key order
+        return idx.transpose(-1, -2).contiguous()
+
+    def gates(self, q: Tensor, k: Tensor, idx: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """kappa, phi, psi (B, H, K, n) of the pairs (query i, key idx[.., k, i]); idx None = every key."""
+        w = self.inter.masked_weight()  # (I, 2 dh): [q; k] split, each half applied once per token
+        per_query = q @ w[:, : self.d_head].T + self.inter.bias  # (B, H, n, I)
+        per_key = k @ w[:, self.d_head :].T  # (B, H, n, I)
+        per_pair = per_key.unsqueeze(3) if idx is None else gather_keys(per_key, idx)  # (B, H, K, n|1, I)
+        hidden = torch.tanh(self.command(torch.tanh(per_query.unsqueeze(2) + per_pair)))  # (B, H, K, n, C)
+        z = self.motor(hidden)  # (B, H, K, n, 3)
+        kappa = F.softplus(z[..., 0]) + self.kappa_min
+        phi = torch.tanh(z[..., 1])
+        psi = F.softplus(z[..., 2]) + self.psi_min
+        return kappa, phi, psi
+
+    def time(self, t_sample: Tensor | None, b: int) -> Tensor:
+        """t = sigmoid(-t_a t_sample + t_b) per head: (1, H, 1, 1), or (B, H, 1, n|1) from t_sample (B,), (B, n)."""
+        t_a, t_b = self.t_a.view(1, -1, 1, 1), self.t_b.view(1, -1, 1, 1)
+        if t_sample is None:
+            return torch.sigmoid(t_b - t_a)
+        if t_sample.shape[0] != b or t_sample.dim() > 2:
+            raise ValueError(f"t_sample must be (B,) or (B, n) with B={b}, got {tuple(t_sample.shape)}")
+        return torch.sigmoid(-t_a * t_sample.reshape(b, 1, 1, -1).to(t_a.dtype) + t_b)
+
+    def sample_logits(self, mu: Tensor, var: Tensor, n_samples: int, generator: torch.Generator | None) -> Tensor:
+        """a = mu + noise_scale sigma eps, eps ~ N(0, 1). mu, var (B, H, K, n) -> (B, S, H, K, n), S in one op."""
+        b = mu.shape[0]
+        eps = torch.empty((b, n_samples, *mu.shape[1:]), dtype=mu.dtype, device=mu.device).normal_(generator=generator)
+        return torch.addcmul(mu.unsqueeze(1), (var.sqrt() * self.noise_scale).unsqueeze(1), eps)
+
+    # -- forward ---------------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        x: Tensor,
+        n_samples: int = 1,
+        generator: torch.Generator | None = None,
+        t_sample: Tensor | None = None,
+        readout: tuple[Tensor, Tensor] | None = None,
+        sample: bool = True,
+    ) -> Tensor:
+        """x (B, n, d) -> (S, B, n, 2d) = [mu_out ; s_out] per token; with readout (W (P, 2d), c (P,)): the map
+        y = W mean_tokens(out) + c, (S, B, P). sample=False uses the mean logits mu (S = 1, no noise)."""
+        b, n, _ = x.shape
+        q, k, v = self._heads(self.q_proj, x), self._heads(self.k_proj, x), self._heads(self.v_proj, x)
+        idx = None if self.top_k is None else self.select_keys(q, k)  # (B, H, K, n)
+        kappa, phi, psi = self.gates(q, k, idx)  # (B, H, K, n)
+        t = self.time(t_sample, b)
+        mu, var = ou_moments(kappa, phi, psi, t)
+        logits = self.sample_logits(mu, var, n_samples, generator) if sample else mu.unsqueeze(1)  # (B, S, H, K, n)
+        alpha = torch.softmax(logits, dim=-2)  # over keys
+        if self.sa_resample is not None:
+            alpha = self.sa_resample(alpha.transpose(-1, -2)).transpose(-1, -2)
+        keys = torch.arange(n, device=x.device).view(1, 1, n, 1).expand(b, self.n_heads, n, n) if idx is None else idx
+        self._last = {
+            "kappa": kappa, "phi": phi, "psi": psi, "mu": mu, "sigma2": var * self.noise_scale**2,
+            "attention": alpha.transpose(0, 1), "keys": keys, "t": t,
+        }  # fmt: skip
+        if readout is None:
+            return self._mix_tokens(alpha, v, idx)
+        return self._mix_pooled(alpha, v, idx, *readout)
+
+    def _mix_tokens(self, alpha: Tensor, v: Tensor, idx: Tensor | None) -> Tensor:
+        b, s, h, _, n = alpha.shape
+        if idx is None:
+            heads = (alpha.transpose(-1, -2) @ v.unsqueeze(1)).permute(1, 0, 3, 2, 4)  # (S, B, n, H, dh)
+        else:
+            picked = gather_keys(v, idx).permute(0, 1, 3, 2, 4)  # (B, H, n, K, dh)
+            heads = (alpha.permute(0, 2, 4, 1, 3) @ picked).permute(3, 0, 2, 1, 4)  # (S, B, n, H, dh)
+        return self.out_proj(heads.reshape(s, b, n, self.d_model))  # (S, B, n, 2d)
+
+    def _mix_pooled(self, alpha: Tensor, v: Tensor, idx: Tensor | None, weight: Tensor, bias: Tensor) -> Tensor:
+        b, s, h, n_keys, n = alpha.shape
+        p = weight.shape[0]
+        folded = (weight @ self.out_proj.weight).view(p, h, self.d_head).permute(1, 2, 0)  # (H, dh, P)
+        per_key = v @ folded  # (B, H, n, P): what one unit of attention on key j adds to the readout
+        if idx is None:  # every query sees every key: sum the weight each key receives
+            mixed = alpha.sum(-1).reshape(b, s, h * n_keys) @ per_key.reshape(b, h * n, p)  # (B, S, P)
+        else:
+            mixed = alpha.reshape(b, s, -1) @ gather_keys(per_key, idx).reshape(b, -1, p)  # (B, S, P)
+        return mixed.transpose(0, 1) / n + (weight @ self.out_proj.bias + bias)  # (S, B, P)
+
+    def internals(self) -> dict[str, Tensor]:
+        """The last forward, detached: kappa, phi, psi, mu, sigma2 (logit mean/var), keys (B, H, n, K);
+        attention (S, B, H, n, K); t (1|B, H, 1, 1|n). Key slot k of query i is key `keys[.., i, k]`."""
+        out = {}
+        for name, value in self._last.items():
+            value = value.detach()
+            out[name] = value if name == "t" else value.transpose(-1, -2)
+        return out

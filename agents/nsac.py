@@ -1,0 +1,145 @@
+"""NSAC controller: shared encoder -> NSAC stochastic attention -> pooled Gaussian readout.
+
+Razzaq et al., "Neuronal Stochastic Attention Circuit for Probabilistic Representation Learning". The attention layer
+(agents/layers/nsac_attention.py) turns every attention logit into the closed-form state of an Ornstein-Uhlenbeck
+process with input-dependent gates kappa, phi, psi and samples it; its output [mu_out ; s_out] is mean-pooled over
+tokens and read out by two linear heads, mean = W_m pool(mu_out) + b_m and log-std = W_s pool(s_out) + b_s, so each
+stochastic pass s gives a Gaussian N(mu_s, sigma_s^2) per target (sigma^2 = exp(2 log-std), log-std clamped to
+[-7, 7]). The base class turns S passes into mean, aleatoric E_s[sigma_s^2] and epistemic Var_s[mu_s].
+The readout is linear, so it is folded into the attention layer and the S passes cost one batched matmul after the
+gates (computed once); the encoder runs once per input.
+
+Loss (exact form), with N = n_passes >= 2 stochastic passes on the clean batch x and N on a perturbed copy:
+    NLL   = mean over passes, batch and targets of the Gaussian NLL of y under N(mu_s, sigma_s^2)
+    x_ood = x + ood_scale * std(x) * xi,  xi ~ N(0, I)      (std over the whole batch: one setting suits standardised
+                                                            features and raw pixels alike)
+    epi   = mean over batch and targets of Var_s[mu_s]      (unbiased, over the N passes), on x and on x_ood
+    L_reg = 0.5 * log(1 + epi_id / (epi_ood + 1e-3))        the authors' regulariser: small when the perturbed
+                                                            inputs get more epistemic variance than the clean ones
+    L     = NLL + reg_weight * L_reg
+With N = 1 both variances are 0 and L_reg vanishes identically; the config refuses n_passes < 2 when reg_weight > 0.
+
+Departures from the paper and the authors' code: see the attention layer's docstring (input-dependent gates, noise
+scale 1 by default). The OOD surrogate scale is ours (the paper only says "Gaussian perturbations"). With a single
+token (e.g. one scalar input with the `features` encoder) the softmax has one key and every pass is the same:
+NSAC's epistemic variance needs at least two tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from agents.base import Controller, gaussian_nll
+from agents.encoders import EncoderConfig, build_encoder
+from agents.layers.nsac_attention import NSACAttention
+
+LOG_STD_MIN, LOG_STD_MAX = -7.0, 7.0
+
+
+@dataclass(frozen=True)
+class NSACConfig:
+    encoder: EncoderConfig = EncoderConfig()
+    """input encoder (shared backbone)"""
+    out_dim: int = 1
+    """number of regression targets"""
+    n_heads: int = 4
+    """attention heads (d_model must be divisible by it)"""
+    top_k: int = 8
+    """keys per query in the sparse top-K pairwise scheme; 0 = every key (dense)"""
+    sparsity: float = 0.5
+    """NCP wiring sparsity (ncps AutoNCP sparsity_level, 0.1-0.9)"""
+    backbone_units: int = 0
+    """neurons of the NCP backbone (inter + command + 3 motor); 0 = 2 * head width, at least 8"""
+    wiring_seed: int = 22222
+    """seed of the NCP wirings (the masks are part of the model)"""
+    noise_scale: float = 1.0
+    """factor on the OU noise std; 1 = the paper's variance (the authors' code used 0.1, 1e-4 on CarRacing)"""
+    time_feature: int = -1
+    """input feature holding each token's time stamp t_sample (features/sequence encoders); -1 = no time (t = 1)"""
+    n_passes: int = 2
+    """stochastic passes per loss evaluation (>= 2 when reg_weight > 0: the regulariser needs a variance)"""
+    reg_weight: float = 0.1
+    """lambda, the weight of the epistemic regulariser L_reg"""
+    ood_scale: float = 0.5
+    """std of the Gaussian input perturbation (OOD surrogate) in units of the batch's input std"""
+
+    def __post_init__(self):
+        d, h = self.encoder.d_model, self.n_heads
+        if h < 1 or d % h:
+            raise ValueError(f"NSACConfig.n_heads={h} must divide encoder.d_model={d}")
+        if self.top_k < 0:
+            raise ValueError(f"NSACConfig.top_k={self.top_k} must be >= 0 (0 = dense)")
+        if not 0.1 <= self.sparsity <= 0.9:
+            raise ValueError(f"NSACConfig.sparsity={self.sparsity} must be in [0.1, 0.9]")
+        if self.n_passes < 1 or (self.reg_weight > 0 and self.n_passes < 2):
+            raise ValueError(
+                f"NSACConfig.n_passes={self.n_passes}: need >= 2 passes when reg_weight > 0 "
+                "(with one pass the epistemic variances are 0 and L_reg vanishes)"
+            )
+        if self.noise_scale < 0 or self.ood_scale < 0 or self.reg_weight < 0:
+            raise ValueError("NSACConfig.noise_scale, ood_scale and reg_weight must be >= 0")
+        if self.time_feature >= 0:
+            if self.encoder.kind not in ("features", "sequence"):
+                raise ValueError(
+                    f"NSACConfig.time_feature applies to features/sequence encoders, not {self.encoder.kind!r}"
+                )
+            if self.time_feature >= self.encoder.in_dim:
+                raise ValueError(f"NSACConfig.time_feature={self.time_feature} >= encoder.in_dim={self.encoder.in_dim}")
+
+    def build(self) -> NSAC:
+        return NSAC(self)
+
+
+class NSAC(Controller):
+    default_samples = 32
+
+    def __init__(self, cfg: NSACConfig):
+        super().__init__(cfg.out_dim)
+        self.cfg = cfg
+        d = cfg.encoder.d_model
+        self.encoder = build_encoder(cfg.encoder)
+        self.attention = NSACAttention(
+            d, cfg.n_heads, cfg.top_k or None, cfg.sparsity, cfg.backbone_units, cfg.noise_scale, cfg.wiring_seed
+        )
+        self.mean_head = nn.Linear(d, cfg.out_dim)
+        self.log_std_head = nn.Linear(d, cfg.out_dim)
+        self.last_loss: dict[str, float] = {}
+
+    def _times(self, x: Tensor) -> Tensor | None:
+        if self.cfg.time_feature < 0:
+            return None
+        return x[..., self.cfg.time_feature]  # features: (B,) for every token; sequence: (B, T)
+
+    def _readout(self) -> tuple[Tensor, Tensor]:
+        # block-diagonal: the mean head reads mu_out (first d outputs), the log-std head reads s_out (last d)
+        weight = torch.block_diag(self.mean_head.weight, self.log_std_head.weight)  # (2D, 2d)
+        return weight, torch.cat([self.mean_head.bias, self.log_std_head.bias])
+
+    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        tokens = self.encoder(x)  # (B, T, d), once for all samples
+        out = self.attention(tokens, n_samples, generator, t_sample=self._times(x), readout=self._readout())
+        mu, log_std = out.split(self.out_dim, dim=-1)  # (S, B, D) each
+        return mu, torch.exp(2 * log_std.clamp(LOG_STD_MIN, LOG_STD_MAX))
+
+    def _loss(self, x: Tensor, y: Tensor) -> Tensor:
+        n = self.cfg.n_passes
+        mu, var = self._moments(x, n, None)  # (N, B, D)
+        nll = gaussian_nll(mu, var, y.expand_as(mu))
+        if self.cfg.reg_weight == 0:
+            self.last_loss = {"nll": nll.item()}
+            return nll
+        xf = x.float()
+        x_ood = xf + self.cfg.ood_scale * xf.std() * torch.randn_like(xf)
+        mu_ood, _ = self._moments(x_ood, n, None)
+        epi_id, epi_ood = mu.var(0).mean(), mu_ood.var(0).mean()
+        reg = 0.5 * torch.log1p(epi_id / (epi_ood + 1e-3))
+        parts = {"nll": nll, "reg": reg, "epi_id": epi_id, "epi_ood": epi_ood}
+        self.last_loss = {k: v.item() for k, v in parts.items()}
+        return nll + self.cfg.reg_weight * reg
+
+    def internals(self) -> dict[str, Tensor]:
+        """kappa, phi, psi, mu, sigma2 (logit mean/var), keys (B, H, n, K); attention (S, B, H, n, K); t."""
+        return self.attention.internals()
