@@ -37,6 +37,8 @@ STATE_SIZE = (cr.STATE_W, cr.STATE_H)
 HIDDEN_ROWS = int(5 * H / 40.0)
 # Anti-aliased edges touch at most one pixel beyond a polygon's integer bounding box.
 AA_MARGIN = 2
+# World-space prefilter slack in pixels: covers AA_MARGIN, int truncation and float rounding many times over.
+PREFILTER_MARGIN = 16
 _TWO_PI = 2.0 * math.pi
 _HALF_PI = math.pi / 2.0
 _VEC_EPSILON = 1e-6  # pygame-ce VECTOR_EPSILON
@@ -150,7 +152,10 @@ def _tiles(intervals: list[tuple[int, int]], lo: int, hi: int) -> bool:
 
 
 class _Fonts:
-    """The score font, loaded once instead of every frame, and rendered score strings by value."""
+    """The score font, loaded once instead of every frame, and rendered score strings by value.
+
+    Dropped whenever pygame.font was shut down (pygame.quit(), or found uninitialised at the next frame).
+    """
 
     font: pygame.font.Font | None = None
     texts: dict[str, pygame.Surface] = {}
@@ -166,13 +171,11 @@ class _Fonts:
         if surf is None:
             if cls.font is None:
                 cls.font = pygame.font.Font(pygame.font.get_default_font(), 42)
+                pygame.register_quit(cls.reset)  # pygame.quit() empties its list, so register per font
             if len(cls.texts) >= _MAX_TEXT_CACHE:
                 cls.texts.clear()
             surf = cls.texts[s] = cls.font.render(s, True, (255, 255, 255), (0, 0, 0))
         return surf
-
-
-pygame.register_quit(_Fonts.reset)  # a font object must not outlive TTF_Quit
 
 
 class _EnvCache:
@@ -189,8 +192,23 @@ class _EnvCache:
         if road is not self.road_poly or len(road) != len(self.polys) - len(_GRASS):
             verts = np.array([[(p[0], p[1]) for p in poly] for poly, _ in road], dtype=np.float64).reshape(-1, 4, 2)
             self.polys = np.concatenate([_GRASS, verts])  # (400 + P, 4, 2)
+            self.centres = self.polys.mean(axis=1)  # (N, 2)
+            self.radii = np.linalg.norm(self.polys - self.centres[:, None], axis=2).max(axis=1)  # (N,)
             self.road_poly = road
         return self.polys
+
+    def near_view(self, zoom: float, trans, angle: float) -> np.ndarray:
+        """Indices of polygons whose bounding circle comes within PREFILTER_MARGIN px of the surviving rows.
+
+        A cheap superset of what `_touches_output` keeps: the exact, per-vertex test runs on these only.
+        """
+        cx, cy = (W - 1) / 2 - trans[0], (HIDDEN_ROWS + H - 1) / 2 - trans[1]
+        c, s = math.cos(angle), math.sin(angle)
+        world = np.array([c * cx + s * cy, -s * cx + c * cy]) / zoom  # (2,) view centre, world units
+        reach_px = math.hypot(W / 2 + PREFILTER_MARGIN, (H - HIDDEN_ROWS) / 2 + PREFILTER_MARGIN)
+        d = self.centres - world  # (N, 2)
+        reach = self.radii + reach_px / zoom  # (N,)
+        return np.flatnonzero(d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1] <= reach * reach)
 
     def surfaces(self) -> None:
         """(Re)make the work surfaces in the format `pygame.Surface((W, H))` gives right now."""
@@ -232,10 +250,12 @@ def _draw_world(surf: pygame.Surface, env, cache: _EnvCache, zoom: float, trans,
         gfxdraw.filled_polygon(surf, field, env.bg_color)
 
     polys = cache.geometry(env)
-    sx, sy = _to_screen(polys, zoom, trans, angle)  # (N, 4) each
+    near = cache.near_view(zoom, trans, angle)
+    sx, sy = _to_screen(polys[near], zoom, trans, angle)  # (n, 4) each
     ix, iy = _to_sint16(sx), _to_sint16(sy)
-    keep = np.flatnonzero(_stock_keeps(sx, sy) & _touches_output(ix, iy))
-    points = np.stack([ix[keep], iy[keep]], axis=-1).tolist()  # (K, 4, 2) nested lists
+    ok = np.flatnonzero(_stock_keeps(sx, sy) & _touches_output(ix, iy))
+    keep, ix, iy = near[ok], ix[ok], iy[ok]
+    points = np.stack([ix, iy], axis=-1).tolist()  # (K, 4, 2) nested lists
     n_grass = len(_GRASS)
     road_poly = env.road_poly
     grass_color = env.grass_color
@@ -257,6 +277,7 @@ def render_state_pixels(env) -> np.ndarray:
     if "t" not in env.__dict__ or getattr(env, "car", None) is None:
         raise ValueError("render_state_pixels: env has no track or car yet; call env.reset() first")
     if not pygame.font.get_init():
+        _Fonts.reset()  # a font object must not outlive TTF_Quit
         pygame.font.init()
     if env.clock is None:
         env.clock = pygame.time.Clock()

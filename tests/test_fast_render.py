@@ -136,3 +136,43 @@ def test_indicator_bar_hides_the_rows_we_skip():
 def test_needs_reset_first():
     with pytest.raises(ValueError, match="reset"):
         render_state_pixels(CarRacing())
+
+
+def test_world_prefilter_drops_only_polygons_that_paint_nothing_visible():
+    """Polygons the cheap world-space prefilter drops but the bounding-box test would keep: real SDL_gfx drawing
+    of each must leave every surviving row untouched."""
+    env = CarRacing()
+    env.reset(seed=5)
+    render_state_pixels(env)
+    cache = fr._CACHES[env]
+    polys = cache.geometry(env)
+    surf = pygame.Surface((fr.W, fr.H))
+    rng = np.random.default_rng(2)
+    n_kept = n_checked = 0
+    for _ in range(200):
+        zoom, angle = rng.uniform(0.6, 16.2), rng.uniform(-7, 7)
+        car = polys[rng.integers(len(polys)), 0] + rng.uniform(-30, 30, size=2)
+        t = pygame.math.Vector2((-car[0] * zoom, -car[1] * zoom)).rotate_rad(angle)
+        trans = (fr.W / 2 + t[0], fr.H / 4 + t[1])
+        sx, sy = fr._to_screen(polys, zoom, trans, angle)
+        ix, iy = fr._to_sint16(sx), fr._to_sint16(sy)
+        drawn = set(np.flatnonzero(fr._stock_keeps(sx, sy) & fr._touches_output(ix, iy)).tolist())
+        near = set(cache.near_view(zoom, trans, angle).tolist())
+        n_kept += len(drawn & near)
+        for i in drawn - near:
+            surf.fill(0)
+            pts = list(zip(ix[i].tolist(), iy[i].tolist(), strict=True))
+            gfxdraw.aapolygon(surf, pts, (255, 255, 255))
+            gfxdraw.filled_polygon(surf, pts, (255, 255, 255))
+            assert not pygame.surfarray.pixels2d(surf)[:, fr.HIDDEN_ROWS :].any(), f"polygon {i} was visible: {pts}"
+            n_checked += 1
+    assert n_kept > 1000 and n_checked > 0
+
+
+def test_font_shutdown_between_frames():
+    """A cached font must not be used after pygame.font.quit(); the next frame re-initialises like stock."""
+    env = CarRacing()
+    env.reset(seed=0)
+    render_state_pixels(env)
+    pygame.font.quit()
+    assert np.array_equal(render_state_pixels(env), env._render("state_pixels"))
