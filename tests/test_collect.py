@@ -173,7 +173,7 @@ def test_sigkilled_collection_resumes_with_nothing_lost(tmp_path):
         "--expert",
         "pursuit",
         "--seeds",
-        "0-11",
+        "0-23",
         "--max-episode-steps",
         "1000",
         "--action-noise",
@@ -206,7 +206,7 @@ def test_sigkilled_collection_resumes_with_nothing_lost(tmp_path):
 
     before = Demonstrations(out, verify=True)
     finished = {e["seed"]: (e["sha256"], (out / e["file"]).stat().st_mtime_ns) for e in before.episodes}
-    assert 3 <= len(finished) < 12
+    assert 3 <= len(finished) < 24
     for episode in before:  # everything the manifest lists is whole
         assert len(episode) == episode.meta["steps"]
 
@@ -214,11 +214,11 @@ def test_sigkilled_collection_resumes_with_nothing_lost(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert f"{len(finished)} already there" in rerun.stdout
     after = Demonstrations(out, verify=True)
-    assert after.seeds == list(range(12))
+    assert after.seeds == list(range(24))
     for e in after.episodes:
         if e["seed"] in finished:  # kept, not recorded again
             assert (e["sha256"], (out / e["file"]).stat().st_mtime_ns) == finished[e["seed"]]
-    reference = collect(fake(tmp_path / "reference", seeds="0-11", max_episode_steps=1000, action_noise=0.1))
+    reference = collect(fake(tmp_path / "reference", seeds="0-23", max_episode_steps=1000, action_noise=0.1))
     assert {r["seed"]: r["sha256"] for r in reference.new} == {e["seed"]: e["sha256"] for e in after.episodes}
 
 
