@@ -8,7 +8,8 @@ The stock loop is gymnasium's CarRacing-v3 (pygame renderer) under random action
 without our bridge. The fast loops drive our pixel bridge (84x84 frame stack) with random actions and with the same
 expert `drive collect` uses, so "collect / fast (expert)" is the cost of recording alone: stacking, copying,
 compressing and writing shards. Collect rates count the whole run (worker start-up included) over all frames.
-A benchmark, not a test: the figures depend on the machine and on what else runs on it.
+A benchmark, not a test: the figures depend on the machine and on what else runs on it, so frames per CPU-second
+are printed beside frames/s (on a busy machine the wall-clock ratios mostly measure the neighbours).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import tempfile
 import time
 from dataclasses import dataclass
@@ -46,8 +48,8 @@ class Config:
     """step limit per episode"""
 
 
-def _loop(env, n_steps: int, act) -> float:
-    """frames/s of a plain reset/step loop; act(obs, info) -> action."""
+def _loop(env, n_steps: int, act) -> tuple[int, float]:
+    """(frames, wall seconds) of a plain reset/step loop; act(obs, info) -> action."""
     obs, info = env.reset(seed=0)
     seed, start = 0, time.perf_counter()
     for _ in range(n_steps):
@@ -55,10 +57,10 @@ def _loop(env, n_steps: int, act) -> float:
         if terminated or truncated:
             seed += 1
             obs, info = env.reset(seed=seed)
-    return n_steps / (time.perf_counter() - start)
+    return n_steps, time.perf_counter() - start
 
 
-def stock_fps(n_steps: int) -> float:
+def stock_loop(n_steps: int) -> tuple[int, float]:
     import gymnasium as gym
 
     env = gym.make("CarRacing-v3")
@@ -69,7 +71,7 @@ def stock_fps(n_steps: int) -> float:
         env.close()
 
 
-def fast_fps(n_steps: int, expert: str | None, max_episode_steps: int) -> float:
+def fast_loop(n_steps: int, expert: str | None, max_episode_steps: int) -> tuple[int, float]:
     from sim_bridges.carracing import make_carracing
 
     env = make_carracing(mode="pixels", fast_render=True, max_episode_steps=max_episode_steps)
@@ -84,7 +86,7 @@ def fast_fps(n_steps: int, expert: str | None, max_episode_steps: int) -> float:
         env.close()
 
 
-def collect_fps(workers: int, cfg: Config) -> float:
+def collect_run(workers: int, cfg: Config) -> tuple[int, float]:
     with tempfile.TemporaryDirectory(prefix="bench_collect_") as tmp:
         summary = collect_cmd.collect(
             collect_cmd.Config(
@@ -97,7 +99,13 @@ def collect_fps(workers: int, cfg: Config) -> float:
                 progress=False,
             )
         )
-        return summary.fps
+        return summary.frames, summary.seconds
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children (the pool's workers, once joined)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def run(cfg: Config) -> int:
@@ -106,34 +114,43 @@ def run(cfg: Config) -> int:
 
     console = Console()
     fps: dict[str, float] = {}
+    per_cpu: dict[str, float] = {}  # frames per CPU-second: what the loop costs, whatever else runs on the machine
+    load_before = os.getloadavg()[0]
     n, limit = cfg.steps, cfg.max_episode_steps
     plan = [
-        ("stock", "stock CarRacing-v3, random actions", lambda: stock_fps(n)),
-        ("fast_random", "fast renderer bridge, random actions", lambda: fast_fps(n, None, limit)),
-        ("fast_expert", f"fast renderer bridge, {cfg.expert} expert", lambda: fast_fps(n, cfg.expert, limit)),
-        ("collect1", f"drive collect, {cfg.expert}, 1 worker", lambda: collect_fps(1, cfg)),
-        ("collect2", f"drive collect, {cfg.expert}, 2 workers", lambda: collect_fps(2, cfg)),
+        ("stock", "stock CarRacing-v3, random actions", lambda: stock_loop(n)),
+        ("fast_random", "fast renderer bridge, random actions", lambda: fast_loop(n, None, limit)),
+        ("fast_expert", f"fast renderer bridge, {cfg.expert} expert", lambda: fast_loop(n, cfg.expert, limit)),
+        ("collect1", f"drive collect, {cfg.expert}, 1 worker", lambda: collect_run(1, cfg)),
+        ("collect2", f"drive collect, {cfg.expert}, 2 workers", lambda: collect_run(2, cfg)),
     ]
     labels = {key: label for key, label, _ in plan}
     # collect runs first, 2 workers first: like the CLI, this process then holds no torch yet, so the pool forks
     # (the in-process 1-worker run and the expert loop load the torch expert here)
     for key, label, measure in [plan[4], plan[3], *plan[:3]]:
         with console.status(f"measuring {label} ..."):
-            fps[key] = measure()
-        console.print(f"{label}: {fps[key]:.0f} frames/s")
+            cpu = _cpu_seconds()
+            frames, seconds = measure()
+            cpu = _cpu_seconds() - cpu
+        fps[key], per_cpu[key] = frames / seconds, frames / cpu
+        console.print(f"{label}: {fps[key]:.0f} frames/s ({per_cpu[key]:.0f} per CPU-second)")
     fps = {key: fps[key] for key, _, _ in plan}
+    per_cpu = {key: per_cpu[key] for key, _, _ in plan}
     ratios = {
         "collect1_over_fast_expert": fps["collect1"] / fps["fast_expert"],
         "collect1_over_fast_random": fps["collect1"] / fps["fast_random"],
         "collect1_over_stock": fps["collect1"] / fps["stock"],
         "fast_random_over_stock": fps["fast_random"] / fps["stock"],
         "collect2_over_collect1": fps["collect2"] / fps["collect1"],
+        # parallel efficiency: 1.0 means the two workers spend no extra CPU per frame (start-up, contention)
+        "collect2_over_collect1_per_cpu": per_cpu["collect2"] / per_cpu["collect1"],
     }
     table = Table(title="frames/s")
     table.add_column("loop")
     table.add_column("frames/s", justify="right")
+    table.add_column("frames per CPU-s", justify="right")
     for key, value in fps.items():
-        table.add_row(labels[key], f"{value:.0f}")
+        table.add_row(labels[key], f"{value:.0f}", f"{per_cpu[key]:.0f}")
     console.print(table)
     checks = Table(title="ratios")
     for col in ("ratio", "measured", "target", ""):
@@ -145,6 +162,7 @@ def run(cfg: Config) -> int:
     console.print(checks)
     results = {
         "frames_per_s": fps,
+        "frames_per_cpu_s": per_cpu,
         "ratios": ratios,
         "targets": TARGETS,
         "met": {key: ratios[key] >= target for key, target in TARGETS.items()},
@@ -153,7 +171,8 @@ def run(cfg: Config) -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
-            "load_avg_1m": os.getloadavg()[0],
+            "load_avg_1m_before": load_before,
+            "load_avg_1m_after": os.getloadavg()[0],
             "numpy": np.__version__,
         },
     }
