@@ -1,22 +1,22 @@
 """Fast CarRacing-v3 `state_pixels` renderer, bit-for-bit identical to gymnasium 1.4.0's `_render`.
 
 Stock rendering spends most of its time in Python: every frame it rotates each vertex of 400 grass patches and
-~600 road polygons through `pygame.math.Vector2`, draws a background polygon whose scanline fill walks ~15,000
-off-screen rows, and loads the font from disk. Here the same float maths runs vectorised in numpy and the same
-pygame/SDL_gfx calls receive the same integer vertices, so the pixels cannot differ. What is skipped is only what
-provably changes no pixel that reaches the 96x96 output:
+~600 road polygons through `pygame.math.Vector2`, scan-fills a background polygon over ~15,000 mostly off-screen
+rows, flips the 1000x800 surface and loads the font from disk. Here the same float maths runs vectorised in
+numpy and the same pygame/SDL_gfx calls get the same integer vertices, in the same order. Skipped is only work
+that provably changes no pixel of the 96x96 output:
 
-- polygons stock would cull (its MAX_SHAPE_DIM test, reproduced exactly) and polygons whose integer bounding box,
-  padded by 2 px for the anti-aliased edge pixels, misses the part of the surface that survives: rows 0..99
-  before the vertical flip lie under the opaque indicator bar that stock draws afterwards;
-- the background polygon's scanline fill, replaced by `Surface.fill` with the very pixel value SDL_gfx writes,
-  but only when an exact emulation of SDL_gfx's integer scanline maths shows every surviving row fully covered
-  (otherwise the stock calls run, overflow quirks included);
-- the font load (the font object is cached) and re-rendering an unchanged score string.
+- polygons stock culls (its MAX_SHAPE_DIM test, reproduced) or whose pixels all miss the surviving rows: rows
+  0..99 before the flip end up under the opaque indicator bar. A world-space bounding-circle prefilter, then
+  the integer bounding box padded for anti-aliased edge pixels, decide;
+- the background scan-fill, replaced by `Surface.fill` with the pixel value SDL_gfx writes, when SDL_gfx's
+  integer scanline maths provably covers every surviving row (`_fill_covers_visible_rows`); else stock calls;
+- the full-size flip: smoothscale is separable, so the world is X-shrunk unflipped and only 96-pixel rows flip;
+- the font load (cached) and re-rendering an unchanged score string.
 
 Vertex maths mirrors pygame-ce 2.5.8's `_vector2_rotate_helper` (src_c/math.c): the angle is reduced with fmod
-to [0, 2*pi), exact multiples of pi/2 (within its epsilon 1e-6) are special-cased, sin/cos come from libm through
-`math` (not numpy, whose SIMD paths may differ in the last ulp), and gfxdraw truncates floats to int then Sint16.
+to [0, 2*pi), multiples of pi/2 (within its epsilon 1e-6) are special-cased, sin/cos come from libm through
+`math` (numpy's SIMD paths may differ in the last ulp), and gfxdraw truncates floats to int, then to Sint16.
 """
 
 from __future__ import annotations
