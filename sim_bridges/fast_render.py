@@ -111,8 +111,8 @@ def _fill_covers_visible_rows(vx: list[int], vy: list[int]) -> bool:
     _round_fixed(v0 + 1) to _round_fixed(v1 - 1). Along one edge v is monotone in y and _round_fixed is monotone,
     so an edge's extreme crossings over a range of rows sit at the range's ends. We accept only the plain case:
     every surviving row has exactly two active edges, one crossing left of the surface on all its rows and one
-    right of it, with |v| < 2**30 so neither the C int32 maths, the Sint16 casts nor qsort's subtracting
-    comparator can overflow. Anything else answers False and the caller runs the stock calls.
+    right of it, with |v| and its product term < 2**30 so neither the C int32 maths, the Sint16 casts nor
+    qsort's subtracting comparator can overflow. Anything else answers False and the caller runs the stock calls.
     """
     lo, hi = HIDDEN_ROWS, H - 1
     if max(vy) <= hi:  # SDL_gfx's special last-row rule would apply to a surviving row
@@ -129,8 +129,9 @@ def _fill_covers_visible_rows(vx: list[int], vy: list[int]) -> bool:
         a, b = max(y1, lo), min(y2 - 1, hi)  # surviving rows where this edge is active
         if a > b:
             continue
-        ends = [((65536 * (y - y1)) // (y2 - y1)) * (x2 - x1) + 65536 * x1 for y in (a, b)]
-        if max(abs(v) for v in ends) >= 2**30:
+        steps = [((65536 * (y - y1)) // (y2 - y1)) * (x2 - x1) for y in (a, b)]  # monotone in y too
+        ends = [step + 65536 * x1 for step in steps]
+        if max(abs(v) for v in steps + ends) >= 2**30:
             return False
         if all(_round_fixed(v + 1) <= 0 for v in ends):
             left.append((a, b))
