@@ -13,7 +13,7 @@ from pygame import gfxdraw
 from sim_bridges import fast_render as fr
 from sim_bridges.fast_render import render_state_pixels
 
-N_STEPS = 240
+N_STEPS = 210
 
 
 def _action(k: int, rng: np.random.Generator) -> np.ndarray:
