@@ -378,6 +378,9 @@ def test_task_builds_on_the_real_recording(shared_data):
     model = GMLEConfig(encoder=data.encoder, out_dim=1).build()
     result = data.evaluate(model)["test"]
     assert result["n_frames"] == 40
+    blocks = result["per_block"]
+    assert sorted(blocks) == ["2", "7"] and blocks["2"]["n_frames"] == blocks["7"]["n_frames"] == 20
+    assert result["mse"] == pytest.approx((blocks["2"]["mse"] + blocks["7"]["mse"]) / 2, rel=1e-6)
     for key in ("mse", "nll", "crps", "ece", "mse_train_mean"):
         assert np.isfinite(result[key])
 
