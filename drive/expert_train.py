@@ -280,8 +280,18 @@ def run(cfg: Config) -> int:
         def __init__(self):
             super().__init__()
             self.next_eval = (model.num_timesteps // cfg.eval_every + 1) * cfg.eval_every
+            self.next_log = model.num_timesteps + 50_000
+            self.t_steps = (time.time(), model.num_timesteps)
 
         def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next_log:  # plain log lines too: the progress bar needs a terminal
+                self.next_log += 50_000
+                ret = np.mean([ep["r"] for ep in model.ep_info_buffer]) if model.ep_info_buffer else float("nan")
+                fps = (self.num_timesteps - self.t_steps[1]) / max(time.time() - self.t_steps[0], 1e-9)
+                self.t_steps = (time.time(), self.num_timesteps)
+                print(
+                    f"[train] {self.num_timesteps:>9d} steps  {fps:6.0f} steps/s  train return {ret:7.1f}", flush=True
+                )
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += cfg.eval_every
                 venv.training = False  # freeze statistics while scoring (eval runs its own env anyway)

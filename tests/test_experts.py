@@ -1,0 +1,138 @@
+"""Experts: pure pursuit and the PPO checkpoint load and act; export is faithful to SB3; bad files fail clearly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.experts.ppo import PPOExpert, PPOPolicy, PPOPolicyConfig, to_env_action
+from drive import checkpoint
+from drive.experts import SHIPPED, episode_returns, load_expert, summarise
+from sim_bridges.carracing import IDX, LOOKAHEAD_M, STATE_DIM, STATE_NAMES, make_carracing
+
+
+def _straight_state(y_ahead: float, speed: float = 20.0) -> np.ndarray:
+    """A state whose centreline bends sideways by y_ahead * (d / 30)^2 metres at look-ahead d."""
+    s = np.zeros(STATE_DIM, np.float32)
+    s[IDX["speed"]] = speed
+    for d in LOOKAHEAD_M:
+        s[IDX[f"ahead_x_{d:g}"]] = d
+        s[IDX[f"ahead_y_{d:g}"]] = y_ahead * (d / 30.0) ** 2
+        s[IDX[f"ahead_dir_{d:g}"]] = np.arctan2(2 * y_ahead * d / 900.0, 1.0)
+    return s
+
+
+def test_pursuit_steers_towards_the_path_and_slows_for_bends():
+    expert = load_expert("pursuit")
+    expert.reset()
+    left, right, straight = (expert.act(_straight_state(y)) for y in (8.0, -8.0, 0.0))
+    for a in (left, right, straight):
+        assert a.shape == (3,) and a.dtype == np.float32
+        assert -1 <= a[0] <= 1 and 0 <= a[1] <= 1 and 0 <= a[2] <= 1
+    assert left[0] < -0.05 and right[0] > 0.05 and straight[0] == pytest.approx(0.0, abs=1e-6)
+    assert left[0] == pytest.approx(-right[0])
+    bend = _straight_state(30.0)
+    v_bend, v_straight = expert.target_speed(bend), expert.target_speed(straight_state := _straight_state(0.0))
+    assert v_bend < v_straight
+    bend[IDX["speed"]] = v_bend + 15.0
+    assert expert.act(bend)[2] > 0 and expert.act(bend)[1] == 0  # too fast for the bend: brake, no gas
+    straight_state[IDX["speed"]] = v_straight - 15.0
+    assert expert.act(straight_state)[1] > 0 and expert.act(straight_state)[2] == 0
+    with pytest.raises(ValueError, match="shape"):
+        expert.act(np.zeros(5, np.float32))
+
+
+def test_pursuit_drives_the_start_of_a_track():
+    results = episode_returns(load_expert("pursuit"), [3], max_episode_steps=300)
+    assert results[0]["progress"] > 0.2  # ~a quarter lap in 300 steps (6 s), not wandering on the grass
+
+
+def test_to_env_action_matches_the_torch_policy_path():
+    a = np.array([[0.3, 0.5], [-1.0, -0.5], [2.0, -3.0]], np.float32)
+    np.testing.assert_allclose(to_env_action(a, 0.8), [[0.3, 0.5, 0.0], [-1.0, 0.0, 0.4], [1.0, 0.0, 0.8]], atol=1e-6)
+    policy = PPOPolicy(PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(8,)))
+    x = torch.randn(16, STATE_DIM)
+    np.testing.assert_allclose(
+        policy(x).detach().numpy(), to_env_action(policy.policy_action(x).detach().numpy(), 0.8), atol=1e-6
+    )
+
+
+def test_export_reproduces_sb3_deterministic_actions(tmp_path):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from drive.expert_train import Config, PolicyAction, export_policy, save_expert
+
+    cfg = Config(hidden=(16, 16))
+    venv = VecNormalize(DummyVecEnv([lambda: PolicyAction(make_carracing(mode="state"), cfg.brake_scale)]))
+    model = PPO(
+        "MlpPolicy", venv, n_steps=64, batch_size=32, n_epochs=1, use_sde=True, device="cpu", seed=0,
+        policy_kwargs=dict(net_arch=dict(pi=[16, 16], vf=[16, 16]), activation_fn=torch.nn.Tanh),
+    )  # fmt: skip
+    model.learn(64)  # one update, and non-trivial running observation statistics
+    obs = np.stack([venv.get_original_obs()[0] + k for k in range(5)])  # (5, STATE_DIM) raw states
+    sb3_action, _ = model.predict(venv.normalize_obs(obs), deterministic=True)  # (5, 2)
+    policy, pcfg = export_policy(model, venv, cfg)
+    ours = policy.policy_action(torch.as_tensor(obs, dtype=torch.float32)).detach().numpy()
+    np.testing.assert_allclose(ours, sb3_action, atol=1e-5)
+    path = save_expert(tmp_path / "e.pt", policy, pcfg, {"heldout_mean": 1.0}, {"steps": 64})
+    reloaded = load_expert(path)
+    np.testing.assert_allclose(reloaded.act(obs[0]), to_env_action(sb3_action[0], cfg.brake_scale), atol=1e-5)
+
+
+def test_shipped_ppo_checkpoint_loads_and_acts():
+    payload = checkpoint.read(SHIPPED["ppo"], kind="expert")
+    assert payload["name"] == "ppo" and tuple(payload["config"]["state_names"]) == STATE_NAMES
+    assert payload["metrics"]["heldout_mean"] > 0
+    expert = load_expert("ppo")
+    env = make_carracing(mode="state")
+    _, info = env.reset(seed=4)
+    expert.reset()
+    for _ in range(20):
+        a = expert.act(info["state"])
+        assert a.shape == (3,) and a.dtype == np.float32 and np.all(np.isfinite(a))
+        _, _, _, _, info = env.step(a)
+    assert info["speed"] > 1.0  # it drives off the line
+
+
+def test_bad_expert_checkpoints_give_clear_errors(tmp_path):
+    policy = PPOPolicy(PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(4,)))
+    cfg = {**policy.cfg.to_dict(), "state_names": list(STATE_NAMES)}
+    wrong_kind = checkpoint.save(tmp_path / "c.pt", kind="controller", name="ppo", config=cfg, module=policy)
+    with pytest.raises(checkpoint.CheckpointError, match="kind 'controller', expected 'expert'"):
+        load_expert(wrong_kind)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x00not a zip" * 10)
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt.pt: not a readable"):
+        load_expert(corrupt)
+    old_layout = {**cfg, "state_names": list(STATE_NAMES[:-3])}
+    stale = checkpoint.save(tmp_path / "s.pt", kind="expert", name="ppo", config=old_layout, module=policy)
+    with pytest.raises(checkpoint.CheckpointError, match="state layout"):
+        load_expert(stale)
+    bad_weights = checkpoint.save(
+        tmp_path / "w.pt", kind="expert", name="ppo", config={**cfg, "hidden": [5]}, module=policy
+    )
+    with pytest.raises(checkpoint.CheckpointError, match="w.pt: config/weights do not match"):
+        load_expert(bad_weights)
+    with pytest.raises(checkpoint.CheckpointError, match="not an expert name"):
+        load_expert("no_such_expert")
+
+
+def test_ppo_expert_rejects_a_wrong_state_shape():
+    expert = PPOExpert(PPOPolicy(PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(4,))))
+    with pytest.raises(ValueError, match="shape"):
+        expert.act(np.zeros(STATE_DIM + 1, np.float32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seeds", [range(1000, 1020), range(2000, 2030)])
+def test_ppo_expert_closed_loop_scores(seeds):
+    s = summarise(episode_returns(load_expert("ppo"), seeds, mode="state"))
+    assert s["mean"] >= 880 and s["min"] >= 700, s
+
+
+@pytest.mark.slow
+def test_pursuit_closed_loop_scores():
+    s = summarise(episode_returns(load_expert("pursuit"), range(2000, 2030), mode="state"))
+    assert s["mean"] >= 850, s
