@@ -136,3 +136,24 @@ def test_ppo_expert_closed_loop_scores(seeds):
 def test_pursuit_closed_loop_scores():
     s = summarise(episode_returns(load_expert("pursuit"), range(2000, 2030), mode="state"))
     assert s["mean"] >= 850, s
+
+
+def test_expert_train_writes_curve_keeps_best_and_resumes(tmp_path):
+    import json
+
+    from drive.expert_train import Config, run
+
+    common = dict(run_dir=tmp_path / "run", out=tmp_path / "best.pt", n_envs=1, n_steps=256, batch_size=128,
+                  n_epochs=1, eval_every=512, eval_seeds="5000", hidden=(16,))  # fmt: skip
+    assert run(Config(total_steps=512, **common)) == 0
+    run_dir = tmp_path / "run"
+    assert {"config.json", "eval.csv", "eval.json", "eval.png", "sb3_last.zip", "expert_best.pt"} <= {
+        p.name for p in run_dir.iterdir()
+    }
+    assert run(Config(total_steps=1024, resume=True, **common)) == 0
+    history = json.loads((run_dir / "eval.json").read_text())
+    assert [h["steps"] for h in history] == [512, 1024]  # resumed where it stopped, not from zero
+    best = checkpoint.read(tmp_path / "best.pt", kind="expert")
+    assert best["metrics"]["heldout_mean"] == pytest.approx(max(h["mean"] for h in history))
+    with pytest.raises(ValueError, match="1000-1019"):
+        run(Config(**{**common, "total_steps": 512, "eval_seeds": "1010-1012"}))
