@@ -116,8 +116,6 @@ def evaluate_episode(spec: str, env_settings: Mapping[str, Any], seed: int, tick
     start = time.perf_counter()
     [result] = rollout(env, policy, seeds=[seed], on_step=[Ticker(tick), *observers])
     record = result.to_dict()
-    if hasattr(policy, "episode_summary"):
-        record.update(policy.episode_summary())
     record["wall_s"] = time.perf_counter() - start
     return record
 
