@@ -58,6 +58,8 @@ class Config:
     """torch device"""
     progress: bool = True
     """show progress bars"""
+    threads: int = 0
+    """torch intra-op CPU threads (0: torch's default; 1 is fastest for small models on a busy machine)"""
 
 
 def parse_overrides(items: tuple[str, ...]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
@@ -125,13 +127,17 @@ def build_controller_config(name: str, data: tasks.TaskData, overrides: dict[str
     if name not in CONTROLLERS:
         raise ValueError(f"unknown controller {name!r}; registered: {sorted(CONTROLLERS)}")
     cfg = CONTROLLERS[name](encoder=data.encoder, out_dim=data.out_dim)
-    cfg = apply_overrides(cfg, data.controller_defaults)
+    # A task's suggestions may name fields only some controllers have (NSAC's time_feature): apply those that exist.
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    cfg = apply_overrides(cfg, {k: v for k, v in data.controller_defaults.items() if k.split(".")[0] in fields})
     return apply_overrides(cfg, overrides)
 
 
 def run(cfg: Config) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     ctrl_over, task_over, trainer_over = parse_overrides(cfg.set)
     task_cfg = dataclasses.replace(tasks.resolve(cfg.task, cfg.data), seed=cfg.seed, options=task_over)

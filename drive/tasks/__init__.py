@@ -96,7 +96,8 @@ class TaskData:
     evaluate: Callable[[Any], dict]
     """evaluate(trained controller) -> the task's held-out metrics (nested dicts of floats), merged into metrics.json"""
     controller_defaults: dict[str, Any] = field(default_factory=dict)
-    """controller config fields the task suggests (dotted keys like encoder.d_model); --set overrides them"""
+    """controller config fields the task suggests (dotted keys like encoder.d_model), applied where the controller
+    has the field; --set overrides them"""
     train_defaults: dict[str, Any] = field(default_factory=dict)
     """trainer fields the task suggests (epochs, batch_size, lr, patience, ...); CLI flags override them"""
 

@@ -104,7 +104,7 @@ def build(cfg: TaskConfig) -> TaskData:
             "train_region": region,
         },  # fmt: skip
         evaluate=evaluate,
-        controller_defaults={"encoder.d_model": 32, "n_heads": 4},
+        controller_defaults={"encoder.d_model": 32, "n_heads": 4, "time_feature": 0},  # NSAC: u = t / t_max
         train_defaults={"epochs": 30, "batch_size": 256, "lr": 3e-3, "patience": 10, "val_samples": 8},
     )
 
