@@ -52,6 +52,8 @@ class Config:
     """Training only: end an episode after this many consecutive steps with no wheel on the road (0 = never)."""
     offtrack_penalty: float = 20.0
     """Training only: reward subtracted when an episode is ended for being off track."""
+    wheel_off_penalty: float = 0.0
+    """Training only: reward subtracted per step for each wheel off the road (discourages cutting corners)."""
     lr: float = 3e-4
     """Initial learning rate, decayed linearly to lr_final."""
     lr_final: float = 3e-5
@@ -107,12 +109,16 @@ class PolicyAction(gym.ActionWrapper):
         return to_env_action(action, self.brake_scale)
 
 
-class OffTrackEnd(gym.Wrapper):
-    """Training only: end the episode after `patience` consecutive off-track steps, with a penalty."""
+class TrainShaping(gym.Wrapper):
+    """Training only: end the episode after `patience` consecutive off-track steps, with a penalty, and charge
+    `wheel_penalty` per wheel off the road each step. Evaluation never sees this wrapper."""
 
-    def __init__(self, env, patience: int, penalty: float):
+    def __init__(self, env, patience: int, penalty: float, wheel_penalty: float = 0.0):
         super().__init__(env)
-        self.patience, self.penalty, self.count = patience, penalty, 0
+        self.patience, self.penalty, self.wheel_penalty, self.count = patience, penalty, wheel_penalty, 0
+        from sim_bridges.carracing import IDX
+
+        self.wheels = slice(IDX["road_fl"], IDX["road_rr"] + 1)
 
     def reset(self, **kwargs):
         self.count = 0
@@ -121,6 +127,8 @@ class OffTrackEnd(gym.Wrapper):
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.count = self.count + 1 if info["off_track"] else 0
+        if self.wheel_penalty:
+            reward -= self.wheel_penalty * float(4.0 - info["state"][self.wheels].sum())
         if self.patience and self.count >= self.patience and not (terminated or truncated):
             terminated, reward = True, reward - self.penalty
         return obs, reward, terminated, truncated, info
@@ -134,7 +142,8 @@ def _make_env(cfg: Config, rank: int):
         from sim_bridges.carracing import make_carracing
 
         torch.set_num_threads(1)
-        env = OffTrackEnd(make_carracing(mode="state"), cfg.offtrack_patience, cfg.offtrack_penalty)
+        env = make_carracing(mode="state")
+        env = TrainShaping(env, cfg.offtrack_patience, cfg.offtrack_penalty, cfg.wheel_off_penalty)
         env = Monitor(PolicyAction(env, cfg.brake_scale))
         env.reset(seed=cfg.seed * 1000 + rank)
         return env

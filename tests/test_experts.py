@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gymnasium.envs.box2d.car_dynamics import Car
 
 from agents.experts.ppo import PPOExpert, PPOPolicy, PPOPolicyConfig, to_env_action
 from drive import checkpoint
@@ -157,3 +158,24 @@ def test_expert_train_writes_curve_keeps_best_and_resumes(tmp_path):
     assert best["metrics"]["heldout_mean"] == pytest.approx(max(h["mean"] for h in history))
     with pytest.raises(ValueError, match="1000-1019"):
         run(Config(**{**common, "total_steps": 512, "eval_seeds": "1010-1012"}))
+
+
+def test_training_shaping_charges_wheels_off_road_and_ends_long_excursions():
+    from drive.expert_train import TrainShaping
+
+    plain = make_carracing(mode="state")
+    shaped = TrainShaping(make_carracing(mode="state"), patience=3, penalty=20.0, wheel_penalty=0.05)
+    for env in (plain, shaped):
+        env.reset(seed=2)
+        base = env.unwrapped
+        _, beta, x, y = base.track[30]
+        base.car.destroy()
+        base.car = Car(base.world, beta + 1.2, x + 30 * np.cos(beta), y + 30 * np.sin(beta))  # on the grass
+    zero = np.zeros(3, np.float32)
+    for k in range(3):
+        _, r_plain, term_plain, _, _ = plain.step(zero)
+        _, r_shaped, term_shaped, _, info = shaped.step(zero)
+        assert info["off_track"] and not term_plain
+        if k < 2:
+            assert r_shaped == pytest.approx(r_plain - 4 * 0.05) and not term_shaped
+    assert term_shaped and r_shaped == pytest.approx(r_plain - 4 * 0.05 - 20.0)  # third off-track step in a row
