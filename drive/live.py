@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from drive.fallback import FallbackConfig
 from drive.overlay import OverlayState, draw_overlay
@@ -169,7 +168,6 @@ def run(cfg: Config) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"drive drive: error: {exc}", file=sys.stderr)
         return 2
-    torch.set_num_threads(1)  # batch-1 steps: one thread is fastest (see drive/policies.ckpt_policy)
     headless = is_headless() if cfg.headless is None else cfg.headless
     env = make_env(**env_kwargs)
     window = Window(headless, cfg.video, cfg.fps)

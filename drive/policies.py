@@ -51,7 +51,13 @@ class ControllerPolicy:
         shadow: Any = None,
         fallback: FallbackGate | None = None,
         name: str = "controller",
+        threads: int | None = 1,
+        transform: Any = None,
     ):
+        """threads: torch CPU threads for this process (None leaves them). A batch-1 step gains nothing from more
+        than one, and on a loaded machine a second thread's spin-waits turned ~1 ms steps into ~100 ms (measured)."""
+        if threads is not None:
+            torch.set_num_threads(threads)
         if fallback is not None and fallback.cfg.mode == "expert" and shadow is None:
             raise ValueError("fallback mode 'expert' needs a shadow expert (it hands control to it)")
         self.model = model.eval()
@@ -64,6 +70,8 @@ class ControllerPolicy:
         self.name = name
         self.generator = torch.Generator().manual_seed(self.seed)
         self.stats = OnPolicyStats()
+        #: the observation transform the controller was trained with (drive/tasks/demos.py input_transform)
+        self.transform = transform
 
     def reset(self, seed: int | None = None) -> None:
         # sampling replays exactly per (policy seed, track seed), whatever ran before
@@ -84,8 +92,10 @@ class ControllerPolicy:
     @torch.inference_mode()
     def predict(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
         """(mean, aleatoric_var, epistemic_var) each (3,), the model's internals, and the latency in ms."""
-        x = torch.as_tensor(np.asarray(obs))[None]  # (1, k, 84, 84)
         t0 = time.perf_counter()
+        x = torch.as_tensor(np.asarray(obs))[None]  # (1, k, 84, 84)
+        if self.transform is not None:
+            x = self.transform(x)
         mu, var = self.model.moments(x, self.n_samples, self.generator)  # (S, 1, D) each
         pred = total_variance(mu, var)
         latency_ms = (time.perf_counter() - t0) * 1e3
@@ -226,8 +236,13 @@ def load_controller_policy(
         if threshold is None:
             raise ValueError("a fallback needs a threshold: calibrate it on nominal laps (resolve_threshold)")
         gate = FallbackGate(threshold, fallback)
+    from drive.tasks.demos import input_transform
+
+    # checkpoints from before task.input existed were trained on the raw frame stack
+    transform = input_transform(payload.get("data", {}).get("input", "frames"))
     expert = load_shadow(shadow, env)
-    return ControllerPolicy(model, n_samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}")
+    name = f"{payload['name']}:{Path(path).name}"
+    return ControllerPolicy(model, n_samples, seed, expert, gate, name=name, transform=transform)
 
 
 def nominal_scores(
@@ -292,11 +307,7 @@ def ckpt_policy(
     fallback_threshold: float | None = None,
     seed: int = 0,
 ) -> ControllerPolicy:
-    """The `ckpt:PATH` builder of drive/evaluate.py (runs in eval workers, so options are primitives).
-
-    Sets torch to one thread: a batch-1 step gains nothing from more, and on a loaded machine a second thread's
-    spin-waits turned ~1 ms steps into ~100 ms ones (measured)."""
-    torch.set_num_threads(1)
+    """The `ckpt:PATH` builder of drive/evaluate.py (runs in eval workers, so options are primitives)."""
     gate_cfg = None if fallback == "off" else FallbackConfig(mode=fallback)
     return load_controller_policy(path, samples, seed, default_shadow(shadow, env), gate_cfg, fallback_threshold, env)
 
@@ -328,8 +339,8 @@ def evaluate_controller(cfg: Any, seeds: Sequence[int], env_settings: dict[str, 
     runs: dict[str, list[dict[str, Any]]] = {}
     for name, opts in variants:
         settings = {**env_settings, "policy_options": tuple(sorted(opts.items()))}
-        if cfg.trace is not None:
-            settings["trace"] = str(Path(cfg.trace) / name) if name else str(cfg.trace)
+        if cfg.trace is not None and not name:  # the comparison run without fallback is not traced
+            settings["trace"] = str(cfg.trace)
         records: list[dict[str, Any]] = []
         tasks = [(cfg.policy, settings, seed) for seed in seeds]
         run_tasks(evaluate_episode, tasks, cfg.workers, records.append, show=cfg.progress, label=name or "eval")

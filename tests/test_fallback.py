@@ -8,7 +8,7 @@ import torch
 
 from agents.base import Controller
 from drive.fallback import FallbackConfig, FallbackGate, calibrate_threshold, score
-from drive.policies import ControllerPolicy, OnPolicyStats
+from drive.policies import ControllerPolicy
 from drive.rollout import make_env, rollout
 from sim_bridges.fake_road import FakeRoadDriver
 
@@ -103,7 +103,6 @@ def test_fallback_in_the_closed_loop_hands_control_to_the_shadow_expert():
     expert = FakeRoadDriver()
     gate = FallbackGate(0.01, FallbackConfig(mode="expert", engage_steps=1, min_hold_steps=1, release_steps=1))
     policy = ControllerPolicy(model, n_samples=8, shadow=expert, fallback=gate)
-    stats = OnPolicyStats(policy)
     env = make_env("fake-road", max_episode_steps=40)
     seen = []
 
@@ -111,13 +110,13 @@ def test_fallback_in_the_closed_loop_hands_control_to_the_shadow_expert():
         seen.append((record.t, record.source, record.action.copy(), record.extras["expert"]))
         model.spread = 0.5 if 10 <= record.t < 20 else 0.0  # uncertain for the next steps
 
-    rollout(env, policy, seeds=[3], on_step=[stats, flip])
+    rollout(env, policy, seeds=[3], on_step=flip)
     for t, source, action, expert_action in seen:
         if 11 <= t <= 20:
             assert source == "expert" and np.allclose(action, np.clip(expert_action, [-1, 0, 0], [1, 1, 1]))
         elif t < 11:
             assert source == "policy" and action[0] == pytest.approx(0.0)
-    summary = stats.episodes[3]
+    summary = policy.episode_summary()
     assert summary["n_interventions"] == 1
     assert summary["fallback_steps"] == 10
     assert 0.0 <= summary["coverage90_steer"] <= 1.0

@@ -14,8 +14,18 @@ the test split instead and every episode of DIR is used for train/val.
 Frames are held once per episode (T + k - 1 frames, not T stacks of k), and a batch's stacks are gathered by index:
 50 episodes of 1,000 steps take ~0.35 GB instead of 1.4 GB.
 
-Options (`--set task.KEY=VALUE`): val_fraction (0.1), test_fraction (0.1), stride (1: every step; 2: every other
-step, for quick runs), max_episodes (0: all), test_data (a dataset dir), include_flagged (false).
+Input representation (`task.input`, saved in the checkpoint's data fingerprint and applied by drive/policies.py in
+the closed loop through the same `input_transform`, so training and driving can never differ):
+- `frames`: the raw stack [f_0 .. f_{k-1}] (oldest first), one token per frame.
+- `motion` (default): [f_{k-1}, f_{k-1} - f_{k-2}, ..., f_1 - f_0] — the newest frame and the successive frame
+  differences (stored as 128 + diff / 2). An invertible re-coding of the same stack (up to the last bit of each
+  difference), one token each. Why: every controller pools its attention output, so its prediction is a convex
+  combination of per-token linear read-outs, which cannot form the difference of two frames — and speed, which the
+  expert's gas and brake depend on, is only visible as motion (the bridge crops the speedometer bar). Measured on
+  pursuit demonstrations (GMLE, same budget): see checkpoints/carracing_nsac.md.
+
+Options (`--set task.KEY=VALUE`): input (motion), val_fraction (0.1), test_fraction (0.1), stride (1: every step;
+2: every other step, for quick runs), max_episodes (0: all), test_data (a dataset dir), include_flagged (false).
 """
 
 from __future__ import annotations
@@ -35,7 +45,25 @@ from drive.tasks import TaskConfig, TaskData
 log = logging.getLogger(__name__)
 
 TARGETS = ("steer", "gas", "brake")
-OPTIONS = ("val_fraction", "test_fraction", "stride", "max_episodes", "test_data", "include_flagged")
+OPTIONS = ("input", "val_fraction", "test_fraction", "stride", "max_episodes", "test_data", "include_flagged")
+
+
+def motion_stack(x: torch.Tensor) -> torch.Tensor:
+    """(..., k, H, W) uint8 frame stack (oldest first) -> (..., k, H, W) uint8 [newest, newest - previous, ...]."""
+    xi = x.to(torch.int16)
+    diffs = xi[..., 1:, :, :] - xi[..., :-1, :, :]  # (..., k-1, H, W): f_{j+1} - f_j
+    coded = (128 + torch.div(diffs.flip(-3), 2, rounding_mode="floor")).clamp(0, 255)  # newest difference first
+    return torch.cat([xi[..., -1:, :, :], coded], dim=-3).to(torch.uint8)
+
+
+INPUTS = {"frames": lambda x: x, "motion": motion_stack}
+
+
+def input_transform(name: str):
+    """The observation transform a demos-trained controller expects (applied to uint8 tensors (..., k, 84, 84))."""
+    if name not in INPUTS:
+        raise ValueError(f"unknown input representation {name!r}; choose one of {sorted(INPUTS)}")
+    return INPUTS[name]
 
 
 class StackDataset(torch.utils.data.Dataset):
@@ -45,13 +73,15 @@ class StackDataset(torch.utils.data.Dataset):
     frames[start[i] : start[i] + k]. Items are (x (k, 84, 84) uint8, y (3,) float32).
     """
 
-    def __init__(self, frames: np.ndarray, start: np.ndarray, labels: np.ndarray, k: int, seeds: np.ndarray):
+    def __init__(self, frames: np.ndarray, start: np.ndarray, labels: np.ndarray, k: int, seeds: np.ndarray,
+                 transform=INPUTS["frames"]):  # fmt: skip
         self.frames = torch.from_numpy(frames)  # (F, 84, 84) uint8
         self.start = torch.from_numpy(start.astype(np.int64))  # (N,)
         self.labels = torch.from_numpy(labels.astype(np.float32))  # (N, 3)
         self.seeds = seeds  # (N,) track seed of each sample
         self.k = k
         self._offsets = torch.arange(k)  # (k,)
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -62,7 +92,7 @@ class StackDataset(torch.utils.data.Dataset):
 
     def stacks(self, idx: torch.Tensor) -> torch.Tensor:
         rows = self.start[idx][:, None] + self._offsets  # (B, k)
-        return self.frames[rows]  # (B, k, 84, 84)
+        return self.transform(self.frames[rows])  # (B, k, 84, 84)
 
     def __getitem__(self, i: int):
         return self.stacks(torch.as_tensor([i]))[0], self.labels[i]
@@ -73,7 +103,7 @@ class StackDataset(torch.utils.data.Dataset):
             yield self.stacks(idx), self.labels[idx]
 
 
-def _gather(data: Demonstrations, seeds: list[int], stride: int) -> StackDataset:
+def _gather(data: Demonstrations, seeds: list[int], stride: int, transform) -> StackDataset:
     frames, starts, labels, sample_seeds = [], [], [], []
     offset = 0
     for seed in seeds:
@@ -88,7 +118,7 @@ def _gather(data: Demonstrations, seeds: list[int], stride: int) -> StackDataset
         raise ValueError(f"{data.root}: no episodes in this split")
     return StackDataset(
         np.concatenate(frames), np.concatenate(starts), np.concatenate(labels), data.frame_stack,
-        np.concatenate(sample_seeds),
+        np.concatenate(sample_seeds), transform,
     )  # fmt: skip
 
 
@@ -105,7 +135,7 @@ def split_seeds(seeds: list[int], val_fraction: float, test_fraction: float, see
     return sorted(pick[n_val + n_test :]), sorted(pick[:n_val]), sorted(pick[n_val : n_val + n_test])
 
 
-def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], stride: int) -> dict:
+def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], stride: int, input_name: str) -> dict:
     manifest = (data.root / "manifest.json").read_bytes()
     return {
         "path": str(data.root.resolve()),
@@ -114,6 +144,7 @@ def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], stride: int
         "action_noise": float(data.settings.get("action_noise", 0.0) or 0.0),
         "n_episodes": len(data),
         "stride": stride,
+        "input": input_name,
         **{f"{name}_seeds": list(map(int, seeds)) for name, seeds in splits.items()},
     }
 
@@ -143,6 +174,8 @@ def build(cfg: TaskConfig) -> TaskData:
     root = cfg.require_data()
     include_flagged = cfg.get("include_flagged", False)
     data = Demonstrations(root, include_flagged=include_flagged)
+    input_name = cfg.get("input", "motion")
+    transform = input_transform(input_name)
     stride = cfg.get("stride", 1)
     if stride < 1:
         raise ValueError(f"task.stride={stride}: must be >= 1")
@@ -161,15 +194,15 @@ def build(cfg: TaskConfig) -> TaskData:
         test_data = data
     log.info("demos %s: %d train, %d val, %d test episodes (stride %d)", root, len(train_seeds), len(val_seeds),
              len(test_seeds), stride)  # fmt: skip
-    train = _gather(data, train_seeds, stride)
-    val = _gather(data, val_seeds, stride)
-    test = _gather(test_data, test_seeds, 1)
+    train = _gather(data, train_seeds, stride, transform)
+    val = _gather(data, val_seeds, stride, transform)
+    test = _gather(test_data, test_seeds, 1, transform)
 
     def evaluate(model) -> dict:
         return {"test": offline_report(model, test, seed=cfg.seed)}
 
     splits = {"train": train_seeds, "val": val_seeds, "test": test_seeds}
-    fingerprint = _fingerprint(data, splits, stride)
+    fingerprint = _fingerprint(data, splits, stride, input_name)
     if test_dir:
         fingerprint["test_data"] = str(Path(test_dir).resolve())
     return TaskData(
