@@ -11,7 +11,8 @@ head), differing only in its random initialisation; members see the same minibat
 member; random initialisation alone gives the diversity in their ablations, and one batch stream keeps the trainer
 generic). The optional adversarial-training term of the paper is left out: it needs an input-space epsilon that has
 no common meaning across our encoders (features, pixels, sequences). The loss is the mean of the member NLLs.
-Samples: S = M gives the exact ensemble; another S takes members round-robin (sample s is member s mod M).
+`moments` with S = M gives the members; another S takes them round-robin (sample s is member s mod M), which
+over-weights some members unless S is a multiple of M, so `predict` always uses exactly the M members.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from agents.base import Controller, gaussian_nll
+from agents.base import Controller, Prediction, gaussian_nll, total_variance
 from agents.encoders import EncoderConfig
 from agents.layers.attention import AttentionBackbone, GaussianHead
 
@@ -67,6 +68,10 @@ class DeepEnsemble(Controller):
         var = torch.stack([o[1] for o in outs])
         index = torch.arange(n_samples, device=mu.device) % used
         return mu[index], var[index]  # (S, B, D)
+
+    def predict(self, x: Tensor, n_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
+        """The exact ensemble (all M members) whatever n_samples: a prediction has no sample axis to fill."""
+        return total_variance(*self.moments(x, len(self.members), generator))
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         return torch.stack([gaussian_nll(*member(x), y) for member in self.members]).mean()

@@ -224,7 +224,6 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
 
     writer = _writer(run_dir, cfg, start)
     val_samples = cfg.val_samples or None
-    epoch = start
     try:
         for epoch in range(start + 1, cfg.epochs + 1):
             if stopped:

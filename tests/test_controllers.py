@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agents.base import Prediction
+from agents.base import Prediction, total_variance
 from agents.encoders import EncoderConfig
 from agents.layers.attention import SelfAttention, dropout
 from agents.registry import CONTROLLERS, config_to_dict
@@ -183,11 +183,12 @@ def test_ensemble_samples_are_its_members_round_robin():
         torch.testing.assert_close(mu[s], m_mu * model.y_scale + model.y_loc)
         torch.testing.assert_close(var[s], m_var * model.y_scale**2)
     assert not torch.allclose(mu[0], mu[1])  # independently initialised members disagree
+    exact = total_variance(*model.moments(x, 3))
+    for a, b in zip(model.predict(x, 8), exact, strict=True):  # predict: all members once, whatever S
+        torch.testing.assert_close(a, b)
 
 
 def test_evidential_closed_form_matches_monte_carlo_over_the_nig():
-    from agents.base import total_variance
-
     _, model = build("der")
     model.set_target_stats(torch.tensor([1.0, 2.0]), torch.tensor([2.0, 0.5]))
     with torch.no_grad():

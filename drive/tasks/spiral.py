@@ -112,12 +112,14 @@ def build(cfg: TaskConfig) -> TaskData:
 @torch.no_grad()
 def evaluate_spiral(model, features, clean, test_noisy, test_idx, recipe, n_samples: int, seed: int) -> dict:
     model.eval()
-    x = torch.from_numpy(features)
-    pred = model.predict(x, n_samples or None, torch.Generator().manual_seed(seed))  # (steps, 2) each
+    device = next(model.parameters()).device
+    x = torch.from_numpy(features).to(device)
+    pred = model.predict(x, n_samples or None, torch.Generator(device).manual_seed(seed))  # (steps, 2) each
     n_draws = n_samples or model.default_samples * -(-32 // model.default_samples)  # >= 32, whole ensembles
-    mu, var = model.moments(x, n_draws, torch.Generator().manual_seed(seed + 1))
-    draws = mu + var.sqrt() * torch.randn(mu.shape, generator=torch.Generator().manual_seed(seed + 2))  # (S, steps, 2)
-    pred_np = [p.numpy() for p in pred]
+    mu, var = model.moments(x, n_draws, torch.Generator(device).manual_seed(seed + 1))
+    eps = torch.randn(mu.shape, generator=torch.Generator(device).manual_seed(seed + 2), device=device)
+    draws = (mu + var.sqrt() * eps).cpu()  # (S, steps, 2)
+    pred_np = [p.cpu().numpy() for p in pred]
     not_val = np.setdiff1d(np.arange(recipe.steps), test_idx)
     regions = {"interpolation": np.arange(recipe.n_interp), "extrapolation": np.arange(recipe.n_interp, recipe.steps),
                "all": np.arange(recipe.steps)}  # fmt: skip
