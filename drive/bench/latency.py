@@ -7,6 +7,7 @@ CarRacing observations recorded from a short drive (random frames would cost the
 - stochastic: S samples (default 32), the way `drive eval` runs the controller;
 - deterministic: the same network without sampling. For NSAC, the attention layer's mean-logit path
   (`sample=False`: mu instead of mu + sigma eps, one pass); for the other controllers, one pass (S = 1).
+The input coding a checkpoint was trained with (task.input, e.g. motion) is part of the step in both.
 
 Targets (issue 4): stochastic p50 <= 5 ms and stochastic / deterministic <= 1.3x, reached when the encoder runs
 once and only the attention head is sampled. Prints the figures and the ratio side by side; `--out` writes JSON.
@@ -65,7 +66,7 @@ def _observations(n: int) -> np.ndarray:
     return np.stack(frames)
 
 
-def _step_fn(model, n_samples: int, deterministic: bool):
+def _step_fn(model, n_samples: int, deterministic: bool, transform=None):
     generator = torch.Generator().manual_seed(0)
     if deterministic and hasattr(model, "attention") and hasattr(model, "_readout"):
         # NSAC: the mean-logit path of its attention layer (no noise, one pass)
@@ -81,6 +82,8 @@ def _step_fn(model, n_samples: int, deterministic: bool):
 
     def step(obs: np.ndarray) -> None:
         x = torch.as_tensor(obs)[None]  # (1, k, 84, 84)
+        if transform is not None:
+            x = transform(x)
         mu, var = moments(x)
         total_variance(mu, var)
 
@@ -88,8 +91,8 @@ def _step_fn(model, n_samples: int, deterministic: bool):
 
 
 @torch.inference_mode()
-def time_steps(model, obs: np.ndarray, n_samples: int, deterministic: bool, steps: int, warmup: int) -> np.ndarray:
-    step = _step_fn(model, n_samples, deterministic)
+def time_steps(model, obs, n_samples: int, deterministic: bool, steps: int, warmup: int, transform=None) -> np.ndarray:
+    step = _step_fn(model, n_samples, deterministic, transform)
     for i in range(warmup):
         step(obs[i % len(obs)])
     times = np.empty(steps)
@@ -102,6 +105,7 @@ def time_steps(model, obs: np.ndarray, n_samples: int, deterministic: bool, step
 
 def _models(cfg: Config):
     from drive.checkpoint import load_controller
+    from drive.tasks.demos import input_transform
 
     paths = list(cfg.ckpt)
     if not paths and (REPO / "checkpoints" / "carracing_nsac.pt").is_file():
@@ -109,16 +113,15 @@ def _models(cfg: Config):
     if paths:
         for path in paths:
             model, payload = load_controller(path)
-            yield f"{payload['name']} ({Path(path).name})", model
+            transform = input_transform(payload.get("data", {}).get("input", "frames"))
+            yield f"{payload['name']} ({Path(path).name})", model, transform
         return
     from agents.encoders import EncoderConfig
     from agents.nsac import NSACConfig
 
     torch.manual_seed(0)
-    yield (
-        "nsac (untrained)",
-        NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=32), out_dim=3).build(),
-    )
+    model = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=32), out_dim=3).build()
+    yield "nsac (untrained)", model, None
 
 
 def run(cfg: Config) -> int:
@@ -128,13 +131,13 @@ def run(cfg: Config) -> int:
     print(f"per-step controller latency, batch 1, {cfg.threads} thread(s), {cfg.steps} steps, S = {cfg.samples}")
     print(f"{'controller':<28} {'stochastic p50/p95 ms':>22} {'deterministic p50/p95 ms':>25} {'ratio p50':>10}  "
           f"targets (<= {TARGET_MS:g} ms, <= {TARGET_RATIO:g}x)")  # fmt: skip
-    for name, model in _models(cfg):
+    for name, model, transform in _models(cfg):
         model.eval()
         # interleave the two measurements so background load hits both alike
         sto, det = [], []
         for _ in range(3):
-            sto.append(time_steps(model, obs, cfg.samples, False, cfg.steps // 3, cfg.warmup))
-            det.append(time_steps(model, obs, cfg.samples, True, cfg.steps // 3, cfg.warmup))
+            sto.append(time_steps(model, obs, cfg.samples, False, cfg.steps // 3, cfg.warmup, transform))
+            det.append(time_steps(model, obs, cfg.samples, True, cfg.steps // 3, cfg.warmup, transform))
         sto, det = np.concatenate(sto), np.concatenate(det)
         row = {
             "controller": name,
