@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from drive import checkpoint
+from sim_bridges.carracing import IDX, TRACK_HALF_WIDTH
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class Config:
     """Training only: end an episode after this many consecutive steps with no wheel on the road (0 = never)."""
     offtrack_penalty: float = 20.0
     """Training only: reward subtracted when an episode is ended for being off track."""
+    perturb_prob: float = 0.0
+    """Training only: chance an episode starts at a random track point, heading and lateral offset (recoveries)."""
     wheel_off_penalty: float = 0.0
     """Training only: reward subtracted per step for each wheel off the road (discourages cutting corners)."""
     lr: float = 3e-4
@@ -111,18 +114,26 @@ class PolicyAction(gym.ActionWrapper):
 
 class TrainShaping(gym.Wrapper):
     """Training only: end the episode after `patience` consecutive off-track steps, with a penalty, and charge
-    `wheel_penalty` per wheel off the road each step. Evaluation never sees this wrapper."""
+    `wheel_penalty` per wheel off the road each step; with probability `perturb_prob` start the episode from a
+    random track point with any heading and a lateral offset within the road. Evaluation never sees this wrapper."""
 
-    def __init__(self, env, patience: int, penalty: float, wheel_penalty: float = 0.0):
+    def __init__(self, env, patience: int, penalty: float, wheel_penalty: float = 0.0, perturb_prob: float = 0.0):
         super().__init__(env)
         self.patience, self.penalty, self.wheel_penalty, self.count = patience, penalty, wheel_penalty, 0
-        from sim_bridges.carracing import IDX
-
+        self.perturb_prob = perturb_prob
         self.wheels = slice(IDX["road_fl"], IDX["road_rr"] + 1)
 
     def reset(self, **kwargs):
         self.count = 0
-        return self.env.reset(**kwargs)
+        obs, info = self.env.reset(**kwargs)
+        base = self.env.unwrapped
+        rng = base.np_random
+        if self.perturb_prob and rng.random() < self.perturb_prob:
+            _, beta, x, y = base.track[int(rng.integers(len(base.track)))]
+            shift = rng.uniform(-0.8, 0.8) * TRACK_HALF_WIDTH  # (cos beta, sin beta) points right of travel
+            heading = beta + np.pi / 2 + rng.uniform(-np.pi, np.pi)
+            obs, info = base.place_car(x + shift * np.cos(beta), y + shift * np.sin(beta), heading)
+        return obs, info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -143,7 +154,7 @@ def _make_env(cfg: Config, rank: int):
 
         torch.set_num_threads(1)
         env = make_carracing(mode="state")
-        env = TrainShaping(env, cfg.offtrack_patience, cfg.offtrack_penalty, cfg.wheel_off_penalty)
+        env = TrainShaping(env, cfg.offtrack_patience, cfg.offtrack_penalty, cfg.wheel_off_penalty, cfg.perturb_prob)
         env = Monitor(PolicyAction(env, cfg.brake_scale))
         env.reset(seed=cfg.seed * 1000 + rank)
         return env

@@ -190,6 +190,24 @@ class CarRacingBridge(CarRacing):
             return info["state"].copy()
         return self._frames.copy()
 
+    def place_car(self, x: float, y: float, heading: float):
+        """Replace the car by one at rest at (x, y) whose nose points along `heading` (world angle, rad).
+
+        For tests and training-time start perturbations; returns the new (observation, info). Tiles already
+        visited stay visited; in pixel mode the frame stack is refilled with the new view.
+        """
+        from gymnasium.envs.box2d.car_dynamics import Car
+
+        self.car.destroy()
+        self.car = Car(self.world, heading - math.pi / 2, x, y)  # the hull's angle is its nose's minus pi/2
+        self._prev_action = np.zeros(3, np.float32)
+        self.world.Step(0.0, 6 * 30, 2 * 30)  # dt = 0: registers the wheel/tile contacts without moving anything
+        if self.mode == "pixels":
+            self.state = self._render("state_pixels")
+            self._frames[:] = preprocess_frame(self.state)[None]
+        info = self._info({})
+        return self._observe(info), info
+
     def reset(self, *, seed=None, options=None):
         self._prev_action = np.zeros(3, np.float32)
         super().reset(seed=seed, options=options)  # calls self.step(None) once, which renders the first frame

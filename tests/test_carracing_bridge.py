@@ -6,7 +6,6 @@ import importlib.util
 
 import numpy as np
 import pytest
-from gymnasium.envs.box2d.car_dynamics import Car
 from gymnasium.envs.box2d.car_racing import CarRacing
 
 from sim_bridges.carracing import (
@@ -44,11 +43,11 @@ def test_check_bridge_passes(kwargs):
 
 
 def _place(env, x, y, heading):
-    """Put a fresh car at (x, y) pointing along `heading` (world angle of its nose), at rest."""
-    base = env.unwrapped
-    base.car.destroy()
-    base.car = Car(base.world, heading - np.pi / 2, x, y)  # Car's angle is the hull's, whose nose is local +y
-    return base.privileged_state()
+    """Put a fresh car at (x, y) pointing along `heading` (world angle of its nose), at rest; its state."""
+    obs, info = env.unwrapped.place_car(x, y, heading)
+    np.testing.assert_array_equal(obs, info["state"])
+    np.testing.assert_allclose(info["pose"], [x, y, heading], atol=1e-4)
+    return info["state"]
 
 
 def test_reset_pose_is_on_the_centreline_and_aligned():
@@ -127,8 +126,9 @@ def test_off_track_flags_follow_the_wheels():
     env.reset(seed=2)
     _, beta, x, y = env.unwrapped.track[30]
     right = np.array([np.cos(beta), np.sin(beta)])
-    _place(env, x, y, beta + np.pi / 2)
-    _, _, _, _, info = env.step(np.zeros(3, np.float32))  # a physics step registers the wheel/tile contacts
+    s = _place(env, x, y, beta + np.pi / 2)
+    assert s[IDX["off_track"]] == 0.0 and s[IDX["road_fl"] : IDX["road_rr"] + 1].tolist() == [1, 1, 1, 1]
+    _, _, _, _, info = env.step(np.zeros(3, np.float32))
     assert not info["off_track"] and info["state"][IDX["road_fl"] : IDX["road_rr"] + 1].tolist() == [1, 1, 1, 1]
     far = 3 * TRACK_HALF_WIDTH
     _place(env, x + far * right[0], y + far * right[1], beta + np.pi / 2)

@@ -179,3 +179,20 @@ def test_training_shaping_charges_wheels_off_road_and_ends_long_excursions():
         if k < 2:
             assert r_shaped == pytest.approx(r_plain - 4 * 0.05) and not term_shaped
     assert term_shaped and r_shaped == pytest.approx(r_plain - 4 * 0.05 - 20.0)  # third off-track step in a row
+
+
+def test_training_start_perturbation_covers_any_heading_on_the_road():
+    from drive.expert_train import TrainShaping
+    from sim_bridges.carracing import TRACK_HALF_WIDTH
+
+    env = TrainShaping(make_carracing(mode="state"), patience=60, penalty=20.0, perturb_prob=1.0)
+    headings = []
+    for seed in range(8):
+        obs, info = env.reset(seed=seed)
+        np.testing.assert_array_equal(obs, info["state"])
+        assert abs(obs[IDX["lateral_offset"]]) <= 0.8 * TRACK_HALF_WIDTH + 0.2 and not info["off_track"]
+        headings.append(obs[IDX["heading_error"]])
+    assert max(np.abs(headings)) > np.pi / 2  # some starts face backwards: the policy must learn to turn round
+    plain = TrainShaping(make_carracing(mode="state"), patience=60, penalty=20.0, perturb_prob=0.0)
+    obs, _ = plain.reset(seed=0)
+    assert abs(obs[IDX["heading_error"]]) < 0.05 and abs(obs[IDX["lateral_offset"]]) < 0.05
