@@ -189,6 +189,7 @@ def test_drive_train_spiral_tiny_run_writes_split_metrics(tmp_path):
             assert np.isfinite(report[split]["noisy"][key])
         assert report[split]["noisy"]["mse"] > report[split]["mse"]  # the noisy points carry the 0.05 noise
     assert report["fit"]["epochs_run"] == 1 and report["controller"] == "gmle"
+    assert report["ood"]["auroc_epistemic"] == 0.5  # GMLE has no epistemic variance: all ties
     model, payload = checkpoint.load_controller(out / "best.pt")
     assert payload["config"]["encoder"]["d_model"] == 8 and payload["data"]["task"] == "spiral"
     assert dataclasses.asdict(model.cfg.encoder)["in_dim"] == 5

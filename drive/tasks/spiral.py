@@ -19,13 +19,15 @@ Evaluation, on the full 300-step grid, split into interpolation (first 85 steps)
   calibration measures;
 - `noisy`: the same report against the held-out noisy test observations at the 250 steps that are not validation
   times: this is where nll, ece, PIT and coverage measure calibration;
-- `crps_samples`: the sample-based CRPS of Monte-Carlo draws from the predictive (vs the clean curve).
+- `crps_samples`: the sample-based CRPS of Monte-Carlo draws from the predictive (vs the clean curve);
+- `ood`: AUROC of the epistemic (and of the total) variance separating the 300 grid inputs from the same inputs
+  with Gaussian noise of std `ood_std` added to every feature (a method without epistemic variance scores 0.5).
 Note on the split: as in the paper's code, training times cover the whole grid, so "extrapolation" is the outer
 part of the spiral, not unseen times. `--set task.train_region=interpolation` trains on the first 85 steps only and
 makes the extrapolation split real extrapolation.
 
 Options (`--set task.KEY=VALUE`): n_freqs (6), n_obs (50), noise_std (0.05), data_seed (42, the recipe's),
-train_region (all | interpolation), eval_samples (0: the controller's default).
+train_region (all | interpolation), eval_samples (0: the controller's default), ood_std (0.5).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from datasets.spiral import SpiralRecipe, fourier_features, generate, irregular_
 from drive import metrics
 from drive.tasks import TaskConfig, TaskData
 
-OPTIONS = ("n_freqs", "n_obs", "noise_std", "data_seed", "train_region", "eval_samples")
+OPTIONS = ("n_freqs", "n_obs", "noise_std", "data_seed", "train_region", "eval_samples", "ood_std")
 
 
 class IrregularSpirals:
@@ -86,9 +88,12 @@ def build(cfg: TaskConfig) -> TaskData:
         torch.from_numpy(test_noisy[:, val_idx].reshape(-1, 2)),
     )
     eval_samples = cfg.get("eval_samples", 0)
+    ood_std = cfg.get("ood_std", 0.5)
 
     def evaluate(model) -> dict:
-        return evaluate_spiral(model, features, data.clean, test_noisy, data.test_idx, recipe, eval_samples, cfg.seed)
+        return evaluate_spiral(
+            model, features, data.clean, test_noisy, data.test_idx, recipe, eval_samples, cfg.seed, ood_std
+        )
 
     return TaskData(
         name="spiral",
@@ -110,7 +115,9 @@ def build(cfg: TaskConfig) -> TaskData:
 
 
 @torch.no_grad()
-def evaluate_spiral(model, features, clean, test_noisy, test_idx, recipe, n_samples: int, seed: int) -> dict:
+def evaluate_spiral(
+    model, features, clean, test_noisy, test_idx, recipe, n_samples: int, seed: int, ood_std: float
+) -> dict:
     model.eval()
     device = next(model.parameters()).device
     x = torch.from_numpy(features).to(device)
@@ -132,6 +139,16 @@ def evaluate_spiral(model, features, clean, test_noisy, test_idx, recipe, n_samp
         tiled = type(pred)(*(np.broadcast_to(p[noisy_steps], (n_test, len(noisy_steps), 2)) for p in pred_np))
         report["noisy"] = metrics.regression_report(tiled, test_noisy[:, noisy_steps])
         out[name] = report
+    # OOD detection: the same grid with its input features perturbed by Gaussian noise (std ood_std per feature).
+    g = torch.Generator(device).manual_seed(seed + 3)
+    x_ood = x + ood_std * torch.randn(x.shape, generator=g, device=device)
+    pred_ood = model.predict(x_ood, n_samples or None, torch.Generator(device).manual_seed(seed))
+    out["ood"] = {
+        "input_noise_std": ood_std,
+        "auroc_epistemic": metrics.auroc(pred.epistemic_var.sum(-1).cpu(), pred_ood.epistemic_var.sum(-1).cpu()),
+        "auroc_total": metrics.auroc(pred.total_var.sum(-1).cpu(), pred_ood.total_var.sum(-1).cpu()),
+        **{f"ood_{k}": v for k, v in metrics.decomposition(pred_ood.aleatoric_var, pred_ood.epistemic_var).items()},
+    }
     out["protocol"] = (
         "headline metrics vs the clean trajectory (paper); 'noisy' vs held-out noisy test points at non-validation "
         f"steps; interpolation = first {recipe.n_interp} of {recipe.steps} steps"
