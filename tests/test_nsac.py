@@ -163,8 +163,13 @@ def test_top_k_matches_a_masked_dense_reference(top_k):
     x = torch.randn(2, 9, 32)
     out = layer(x, sample=False)[0]
     torch.testing.assert_close(out, _reference_output(layer, x, top_k), atol=1e-5, rtol=1e-4)
-    chosen = layer.internals()["keys"]  # (B, H, n, K), ascending
-    assert chosen.shape[-1] == top_k and (chosen.diff(dim=-1) > 0).all()
+    chosen = layer.internals()["keys"]  # (B, H, n, K), highest score first
+    b, n, d = x.shape
+    q, k = (p(x).view(b, n, 4, d // 4).transpose(1, 2) for p in (layer.q_proj, layer.k_proj))
+    scores = q @ k.transpose(-1, -2)  # (B, H, n, n)
+    picked = scores.gather(-1, chosen)
+    assert chosen.shape[-1] == top_k and (picked.diff(dim=-1) <= 0).all()
+    torch.testing.assert_close(picked, scores.topk(top_k, -1).values)
 
 
 def test_pooled_readout_equals_pooling_the_token_outputs():

@@ -29,7 +29,10 @@ Speed and memory (see `drive bench attention`):
 - Top-K keys are chosen from q.k scores computed without autograd in query chunks (at most `score_chunk` scores
   at a time), so no n x n tensor is kept for the backward pass and the n x n pairwise inputs [q_i; k_j] are never
   built: the first backbone layer is split, W [q; k] = W_q q + W_k k, each term computed once per token and gathered
-  per pair. Everything saved for the backward pass is O(n K).
+  per pair. Everything saved for the backward pass is O(n K). Key slots are ordered by score (highest first); with
+  K >= n every key is taken in key order, which makes K = n exactly the dense computation.
+- The wired layers run feature-major (neurons x pairs), where the products with a few neurons are fast and each
+  gate is a contiguous row; the value mix runs feature-major as K fused multiply-adds over whole rows.
 - The S samples share the gates: noise for all S is drawn in one op with S folded into the batch, per-pair tensors
   are laid out (.., K, n) so the softmax over keys is a vectorised reduction over rows.
 - Everything after the softmax is linear. With `readout` (weight (P, 2d), bias (P,) of a linear map applied to the
@@ -92,12 +95,17 @@ class MaskedLinear(nn.Module):
         return F.linear(x, self.masked_weight(), self.bias)
 
 
+def key_rows(idx: Tensor, n: int) -> Tensor:
+    """Flat row of token-major (B, n, H, .) data for every selected key: idx (B, H, K, n) -> (B*H*K*n,)."""
+    b, h = idx.shape[:2]
+    offset = torch.arange(b, device=idx.device).view(b, 1, 1, 1) * (n * h)
+    return (idx * h + offset + torch.arange(h, device=idx.device).view(1, h, 1, 1)).reshape(-1)
+
+
 def gather_keys(per_key: Tensor, idx: Tensor) -> Tensor:
-    """per_key (B, H, n, F) and key indices idx (B, H, K, n) -> (B, H, K, n, F): row idx[b,h,k,i] of per_key[b,h]."""
-    b, h, n, f = per_key.shape
-    offset = torch.arange(b * h, device=idx.device).view(b, h, 1, 1) * n
-    rows = (idx + offset).reshape(-1)  # (B*H*K*n,)
-    return per_key.reshape(b * h * n, f).index_select(0, rows).view(*idx.shape, f)
+    """per_key (B, n, H, F) token-major and key indices idx (B, H, K, n) -> (B, H, K, n, F) = per_key[b, idx, h]."""
+    b, n, h, f = per_key.shape
+    return per_key.reshape(b * n * h, f).index_select(0, key_rows(idx, n)).view(*idx.shape, f)
 
 
 class NSACAttention(nn.Module):
@@ -129,7 +137,7 @@ class NSACAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj = (
             MaskedLinear(sensory_mask(d_model, d_model, sparsity, seed + i)) for i in range(3)
         )
-        units = backbone_units or max(8, 2 * self.d_head)
+        units = backbone_units or max(8, self.d_head)
         m1, m2, m3 = backbone_masks(2 * self.d_head, units, 3, sparsity, seed + 3)
         self.inter, self.command, self.motor = MaskedLinear(m1), MaskedLinear(m2), MaskedLinear(m3)
         self.t_a = nn.Parameter(torch.zeros(n_heads))
@@ -140,31 +148,46 @@ class NSACAttention(nn.Module):
         self._last: dict[str, Tensor] = {}
 
     # -- pieces ----------------------------------------------------------------------------------------------------
-    def _heads(self, proj: MaskedLinear, x: Tensor) -> Tensor:  # (B, n, d) -> (B, H, n, dh)
-        b, n, _ = x.shape
-        return proj(x).view(b, n, self.n_heads, self.d_head).transpose(1, 2)
+    def _heads(self, proj: MaskedLinear, x: Tensor) -> Tensor:  # (B, n, d) -> (B, n, H, dh), token-major
+        return proj(x).unflatten(-1, (self.n_heads, self.d_head))
 
     @torch.no_grad()
     def select_keys(self, q: Tensor, k: Tensor) -> Tensor:
-        """Top-K keys per query by q.k, ascending key order. q, k (B, H, n, dh) -> idx (B, H, K, n)."""
-        b, h, n, _ = q.shape
-        n_keys = min(self.top_k, k.shape[2])
+        """Top-K keys per query by q.k, highest score first. q, k (B, n, H, dh) -> idx (B, H, K, n).
+        With K >= n every key is taken, in key order (so K = n is exactly the dense computation)."""
+        b, n, h, _ = q.shape
+        n_keys = min(self.top_k, k.shape[1])
+        if n_keys == k.shape[1]:
+            return torch.arange(n_keys, device=q.device).view(1, 1, n_keys, 1).expand(b, h, n_keys, n).contiguous()
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, n, dh)
         rows = max(1, self.score_chunk // (b * h * k.shape[2]))
         parts = [(q[:, :, s : s + rows] @ k.transpose(-1, -2)).topk(n_keys, -1).indices for s in range(0, n, rows)]
-        idx = torch.cat(parts, 2).sort(-1).values  # (B, H, n, K); sorted so K = n is the dense key order
-        return idx.transpose(-1, -2).contiguous()
+        return torch.cat(parts, 2).transpose(-1, -2).contiguous()  # (B, H, K, n)
 
     def gates(self, q: Tensor, k: Tensor, idx: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """kappa, phi, psi (B, H, K, n) of the pairs (query i, key idx[.., k, i]); idx None = every key."""
+        """kappa, phi, psi (B, H, K, n) of the pairs (query i, key idx[.., k, i]); idx None = every key.
+
+        Feature-major throughout (neurons x pairs): the wired layers are then (out x in) @ (in x pairs) products,
+        several times faster than (pairs x in) @ (in x out) for these few neurons, and each gate is a contiguous row.
+        """
+        b, n, h, dh = q.shape
         w = self.inter.masked_weight()  # (I, 2 dh): [q; k] split, each half applied once per token
-        per_query = q @ w[:, : self.d_head].T + self.inter.bias  # (B, H, n, I)
-        per_key = k @ w[:, self.d_head :].T  # (B, H, n, I)
-        per_pair = per_key.unsqueeze(3) if idx is None else gather_keys(per_key, idx)  # (B, H, K, n|1, I)
-        hidden = torch.tanh(self.command(torch.tanh(per_query.unsqueeze(2) + per_pair)))  # (B, H, K, n, C)
-        z = self.motor(hidden)  # (B, H, K, n, 3)
-        kappa = F.softplus(z[..., 0]) + self.kappa_min
-        phi = torch.tanh(z[..., 1])
-        psi = F.softplus(z[..., 2]) + self.psi_min
+        n_inter = w.shape[0]
+        per_query = (w[:, :dh] @ q.reshape(-1, dh).T + self.inter.bias.unsqueeze(1)).view(n_inter, b, n, h)
+        per_key = w[:, dh:] @ k.reshape(-1, dh).T  # (I, B*n*H)
+        if idx is None:
+            per_pair = per_key.view(n_inter, b, n, h).permute(0, 1, 3, 2).unsqueeze(-1)  # (I, B, H, K = n, 1)
+        else:
+            per_pair = per_key.index_select(1, key_rows(idx, n)).view(n_inter, *idx.shape)  # (I, B, H, K, n)
+        inter = torch.tanh(per_pair + per_query.permute(0, 1, 3, 2).unsqueeze(3))  # (I, B, H, K, n)
+        shape = inter.shape[1:]
+        command = torch.tanh(
+            torch.addmm(self.command.bias.unsqueeze(1), self.command.masked_weight(), inter.reshape(n_inter, -1))
+        )  # (C, pairs)
+        z = torch.addmm(self.motor.bias.unsqueeze(1), self.motor.masked_weight(), command)  # (3, pairs)
+        kappa = F.softplus(z[0]).view(shape) + self.kappa_min
+        phi = torch.tanh(z[1]).view(shape)
+        psi = F.softplus(z[2]).view(shape) + self.psi_min
         return kappa, phi, psi
 
     def time(self, t_sample: Tensor | None, b: int) -> Tensor:
@@ -214,21 +237,29 @@ class NSACAttention(nn.Module):
         return self._mix_pooled(alpha, v, idx, *readout)
 
     def _mix_tokens(self, alpha: Tensor, v: Tensor, idx: Tensor | None) -> Tensor:
-        b, s, h, _, n = alpha.shape
+        b, s, h, n_keys, n = alpha.shape
+        v_t = v.permute(0, 2, 3, 1).contiguous()  # (B, H, dh, n): feature-major, the key sum runs over whole rows
         if idx is None:
-            heads = (alpha.transpose(-1, -2) @ v.unsqueeze(1)).permute(1, 0, 3, 2, 4)  # (S, B, n, H, dh)
+            picked = v_t.unsqueeze(-1)  # (B, H, dh, K = n, 1): key k for every query
         else:
-            picked = gather_keys(v, idx).permute(0, 1, 3, 2, 4)  # (B, H, n, K, dh)
-            heads = (alpha.permute(0, 2, 4, 1, 3) @ picked).permute(3, 0, 2, 1, 4)  # (S, B, n, H, dh)
-        return self.out_proj(heads.reshape(s, b, n, self.d_model))  # (S, B, n, 2d)
+            flat = idx.view(b, h, 1, n_keys * n).expand(b, h, self.d_head, n_keys * n)
+            picked = v_t.gather(-1, flat).view(b, h, self.d_head, n_keys, n)  # (B, H, dh, K, n)
+        # sum over key slots as K fused multiply-adds: no (B, S, H, dh, K, n) product is ever materialised
+        weights, values = alpha.unbind(3), picked.unbind(3)  # K x (B, S, H, n), K x (B, H, dh, n|1)
+        heads = weights[0].unsqueeze(3) * values[0].unsqueeze(1)  # (B, S, H, dh, n)
+        for w_k, v_k in zip(weights[1:], values[1:], strict=True):
+            heads = torch.addcmul(heads, w_k.unsqueeze(3), v_k.unsqueeze(1))
+        out = self.out_proj.weight @ heads.reshape(b, s, self.d_model, n) + self.out_proj.bias.unsqueeze(-1)
+        return out.permute(1, 0, 3, 2)  # (S, B, n, 2d)
 
     def _mix_pooled(self, alpha: Tensor, v: Tensor, idx: Tensor | None, weight: Tensor, bias: Tensor) -> Tensor:
         b, s, h, n_keys, n = alpha.shape
         p = weight.shape[0]
         folded = (weight @ self.out_proj.weight).view(p, h, self.d_head).permute(1, 2, 0)  # (H, dh, P)
-        per_key = v @ folded  # (B, H, n, P): what one unit of attention on key j adds to the readout
+        per_key = (v.unsqueeze(-2) @ folded).squeeze(-2)  # (B, n, H, P): what one unit of attention on a key adds
         if idx is None:  # every query sees every key: sum the weight each key receives
-            mixed = alpha.sum(-1).reshape(b, s, h * n_keys) @ per_key.reshape(b, h * n, p)  # (B, S, P)
+            keys = per_key.permute(0, 2, 1, 3).reshape(b, h * n, p)
+            mixed = alpha.sum(-1).reshape(b, s, h * n_keys) @ keys  # (B, S, P)
         else:
             mixed = alpha.reshape(b, s, -1) @ gather_keys(per_key, idx).reshape(b, -1, p)  # (B, S, P)
         return mixed.transpose(0, 1) / n + (weight @ self.out_proj.bias + bias)  # (S, B, P)
