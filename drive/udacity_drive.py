@@ -185,14 +185,18 @@ def run(cfg: Config) -> int:
     from gymnasium.wrappers import TimeLimit
     from tqdm import tqdm
 
-    tqdm.monitor_interval = 0  # no monitor thread: this loop updates the bar itself
-
+    from drive.checkpoint import CheckpointError
     from drive.rollout import rollout
     from drive.udacity_observers import Overlay, StepLog, StopDriving
     from sim_bridges.udacity import UdacityEnv
 
+    tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     torch.set_num_threads(cfg.threads)
-    policy = make_policy(cfg)  # a bad checkpoint fails before we bind a port
+    try:
+        policy = make_policy(cfg)  # a bad checkpoint or policy name fails before we bind a port
+    except (CheckpointError, ValueError) as exc:
+        print(f"drive udacity drive: {exc}")
+        return 2
     run_dir = Path(cfg.run_dir or f"runs/udacity_drive/{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))

@@ -97,12 +97,11 @@ class DrivingLogWriter:
 def run(cfg: Config) -> int:
     from tqdm import tqdm
 
-    tqdm.monitor_interval = 0  # no monitor thread: this loop updates the bar itself
-
     from drive.udacity_drive import Config as DriveConfig
     from drive.udacity_drive import make_policy
     from sim_bridges.udacity import UdacityServer
 
+    tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     policy = None
     if cfg.policy != "manual":
         policy = make_policy(DriveConfig(policy=cfg.policy, target_speed_mph=cfg.target_speed_mph))

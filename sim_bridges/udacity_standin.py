@@ -113,6 +113,7 @@ class StandIn:
         self.report = StandInReport()
         self.url = f"ws://{cfg.host}:{cfg.port}/socket.io/?EIO=4&transport=websocket"
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._ws: simple_websocket.Client | None = None
         self._stop = threading.Event()
         self._pong = threading.Event()
@@ -124,9 +125,10 @@ class StandIn:
     def _send(self, text: str) -> bool:
         ws = self._ws
         try:
-            if ws is None or not ws.connected:
-                return False
-            ws.send(text)
+            with self._send_lock:  # websocket-sharp serialises sends too: a ping never splits a frame
+                if ws is None or not ws.connected:
+                    return False
+                ws.send(text)
             return True
         except (simple_websocket.ConnectionClosed, OSError):
             return False
@@ -258,16 +260,13 @@ class StandIn:
                 if self.cfg.send_connect:
                     self._send("40")
                 self._read_until_done()
-                if not self.cfg.reconnect or self._finished():
+                if not self.cfg.reconnect or self._stopping():
                     break
         finally:
             self._stop.set()
             pinger.join(timeout=2)
             self._close()
         return self.report
-
-    def _finished(self) -> bool:
-        return self._stopping() and self.report.outstanding <= 0
 
     def _read_until_done(self) -> None:
         drain_deadline = None
@@ -314,6 +313,11 @@ class StandIn:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def alive(self) -> bool:
+        """Still running (started with `start()`)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> StandInReport:
         if self._thread is not None:

@@ -63,14 +63,36 @@ def running(env_or_server, source, **cfg):
         standin.join(10)
 
 
-def drive_until_done(env, policy=lambda obs: np.array([0.1, 0.2], np.float32), max_steps=100_000):
-    """Step the env until the stand-in stops sending (a step times out); returns the number of steps."""
+def drive_until_done(env, standin, policy=lambda obs: np.array([0.1, 0.2], np.float32)):
+    """Step the env until the stand-in has finished (its source done, its answers drained); returns the steps.
+
+    A step that times out (a stall on a loaded machine) just waits again while the stand-in still runs."""
     obs, info = env.reset()
-    for n in range(max_steps):
+    steps = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
         obs, _, _, truncated, info = env.step(policy(obs))
-        if truncated:
-            return n
-    return max_steps
+        if not truncated:
+            steps += 1
+        elif not standin.alive:
+            return steps
+    raise TimeoutError("the stand-in did not finish within 120 s")
+
+
+def at_step(n, action):
+    """A policy (zeros) that runs `action()` once, before its n-th step."""
+    calls = []
+
+    def policy(obs):
+        calls.append(1)
+        if len(calls) == n:
+            action()
+        return np.zeros(2, np.float32)
+
+    return policy
+
+
+_HUGE = '42["telemetry",{"image":"' + "A" * (2 << 20) + '"}]'
 
 
 def assert_all_answered(report, server_stats=None):
@@ -89,6 +111,32 @@ def test_compat_hooks_present_and_versions_pinned():
     # An upgrade of python-socketio / python-engineio must be a deliberate act: re-run this file, then move the pins.
     assert check_compat_hooks() == PINNED
     assert len(HOOKS) >= 4
+
+
+def test_control_stock_python_socketio_drops_a_connectless_client(real_log):
+    """Why the compatibility layer exists: the stock server never dispatches the simulator's telemetry."""
+    import socketio
+    from werkzeug.serving import make_server
+
+    sio = socketio.Server(async_mode="threading", logger=False, engineio_logger=False, ping_interval=0.3)
+    seen = []
+    sio.on("telemetry", lambda sid, data=None: seen.append(sid))
+    httpd = make_server("127.0.0.1", 0, socketio.WSGIApp(sio), threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,))
+    thread.start()
+
+    try:
+        src = ReplaySource(real_log, limit=5, loop=True)
+        standin = StandIn(StandInConfig(port=httpd.server_port, ping_interval=0.3, reconnect=False), src).start()
+        time.sleep(1.0)
+        standin.stop()
+        report = standin.join(10)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+        sio.shutdown()
+    assert report.telemetry_sent == 2 and seen == [] and report.answers == 0  # the car would never move
 
 
 def test_parse_real_frame(real_log):
@@ -153,10 +201,10 @@ def test_server_binds_localhost_by_default():
 
 def test_connectless_client_is_answered_with_steer_strings(real_log):
     """The simulator never sends `40`: stock python-socketio 5 would drop its events. Ours answers every one."""
-    env = UdacityEnv(port=0, timeout_s=1.0, **FAST_PINGS)
+    env = UdacityEnv(port=0, timeout_s=0.3, **FAST_PINGS)
     try:
         with running(env, ReplaySource(real_log, limit=60), send_connect=False) as standin:
-            n = drive_until_done(env, lambda obs: np.array([-0.25, 0.5], np.float32))
+            n = drive_until_done(env, standin, lambda obs: np.array([-0.25, 0.5], np.float32))
         report = standin.report
         assert_all_answered(report, env.server.snapshot())
         assert n > 20
@@ -171,10 +219,10 @@ def test_connectless_client_is_answered_with_steer_strings(real_log):
 
 
 def test_client_that_sends_connect_keeps_its_session(real_log):
-    env = UdacityEnv(port=0, timeout_s=1.0, **FAST_PINGS)
+    env = UdacityEnv(port=0, timeout_s=0.3, **FAST_PINGS)
     try:
         with running(env, ReplaySource(real_log, limit=40), send_connect=True) as standin:
-            drive_until_done(env)
+            drive_until_done(env, standin)
         assert_all_answered(standin.report, env.server.snapshot())
         assert standin.report.connect_acks == 2  # ours, then the same session confirmed; never CONNECT_ERROR
         assert env.server.snapshot()["connects"] == 1
@@ -207,10 +255,10 @@ def test_python_socketio_client_connects_over_websocket(real_log):
 
 
 def test_empty_telemetry_is_answered_manual(real_log):
-    env = UdacityEnv(port=0, timeout_s=1.0, **FAST_PINGS)
+    env = UdacityEnv(port=0, timeout_s=0.3, **FAST_PINGS)
     try:
         with running(env, ReplaySource(real_log, limit=60), empty_every=3) as standin:
-            drive_until_done(env)
+            drive_until_done(env, standin)
         report = standin.report
         assert_all_answered(report, env.server.snapshot())
         assert report.empty_sent >= 15
@@ -220,12 +268,12 @@ def test_empty_telemetry_is_answered_manual(real_log):
 
 
 def test_session_outlives_many_ping_intervals_of_both_sides(real_log):
-    env = UdacityEnv(port=0, timeout_s=1.0, ping_interval=0.2, ping_timeout=0.5)
+    env = UdacityEnv(port=0, timeout_s=0.3, ping_interval=0.2, ping_timeout=0.5)
     try:
         src = ReplaySource(real_log, limit=30, loop=True)
         with running(env, src, ping_interval=0.2, duration_s=3.0) as standin:
             # a slow controller: the link idles between frames, only pings keep it alive
-            drive_until_done(env, lambda obs: (time.sleep(0.02), np.zeros(2, np.float32))[1])
+            drive_until_done(env, standin, lambda obs: (time.sleep(0.02), np.zeros(2, np.float32))[1])
         report, stats = standin.report, env.server.snapshot()
         assert_all_answered(report, stats)
         assert report.connects == 1 and stats["connects"] == 1 and stats["disconnects"] == 1  # only at the end
@@ -237,11 +285,11 @@ def test_session_outlives_many_ping_intervals_of_both_sides(real_log):
 
 
 def test_1000_malformed_frames_mixed_in_never_crash_or_stall(real_log):
-    env = UdacityEnv(port=0, timeout_s=2.0, **FAST_PINGS)
+    env = UdacityEnv(port=0, timeout_s=0.3, **FAST_PINGS)
     try:
         src = ReplaySource(real_log, limit=200, loop=True)
         with running(env, src, malformed_every=2, max_telemetry=2 * 1020) as standin:
-            steps = drive_until_done(env)
+            steps = drive_until_done(env, standin)
         report, stats = standin.report, env.server.snapshot()
         assert report.malformed_sent.total() >= 1000
         assert_all_answered(report, stats)
@@ -265,8 +313,21 @@ def test_unit_malformed_packets_roundtrip_as_text(real_log):
         assert malformed_packet(i, jpeg)[1].startswith('42["telemetry"')
 
 
+def test_a_message_above_the_hard_cap_closes_the_link_and_the_simulator_reconnects(real_log):
+    """Beyond max_packet_bytes engine.io drops the connection (memory guard); the session resumes on reconnect."""
+    env = UdacityEnv(port=0, timeout_s=0.3, max_packet_bytes=1 << 20, **FAST_PINGS)
+    try:
+        with running(env, ReplaySource(real_log, limit=80), reconnect=True) as standin:
+            drive_until_done(env, standin, at_step(10, lambda: standin._send(_HUGE)))
+        stats = env.server.snapshot()
+        assert standin.report.connects == 2 and stats["connects"] == 2
+        assert standin.report.rejected == [] and standin.source.done
+    finally:
+        env.close()
+
+
 def test_flood_is_bounded_and_every_frame_answered(real_log):
-    env = UdacityEnv(port=0, timeout_s=1.0, max_pending=4, **FAST_PINGS)
+    env = UdacityEnv(port=0, timeout_s=0.3, max_pending=4, **FAST_PINGS)
 
     def wait_for(n):
         deadline = time.monotonic() + 10
@@ -283,7 +344,7 @@ def test_flood_is_bounded_and_every_frame_answered(real_log):
             # answer, the stand-in sends another for each: the flood keeps its size but cannot grow the queue)
             assert env.server.n_pending == 4
             assert stats["refused.flood"] >= 62 - 4 - 2
-            drive_until_done(env)
+            drive_until_done(env, standin)
         report, stats = standin.report, env.server.snapshot()
         assert report.extra_sent == 60
         assert_all_answered(report, stats)
@@ -293,16 +354,10 @@ def test_flood_is_bounded_and_every_frame_answered(real_log):
 
 
 def test_reconnect_after_a_dropped_connection(real_log):
-    env = UdacityEnv(port=0, timeout_s=2.0, **FAST_PINGS)
+    env = UdacityEnv(port=0, timeout_s=0.3, **FAST_PINGS)
     try:
         with running(env, ReplaySource(real_log, limit=150), reconnect=True) as standin:
-            obs, info = env.reset()
-            for i in range(200):
-                if i == 40:
-                    standin.drop_connection()
-                obs, _, _, truncated, info = env.step(np.array([0.0, 0.1], np.float32))
-                if truncated:
-                    break
+            drive_until_done(env, standin, at_step(40, lambda: standin.drop_connection()))
         stats = env.server.snapshot()
         assert standin.report.connects == 2 and stats["connects"] == 2 and stats["disconnects"] == 2
         assert standin.report.rejected == [] and standin.report.outstanding == 0

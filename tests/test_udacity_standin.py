@@ -18,7 +18,14 @@ from sim_bridges.udacity import UdacityEnv, UdacityServer
 from sim_bridges.udacity_protocol import MAX_STEER_DEG
 from sim_bridges.udacity_sources import CarRacingSource, ReplaySource, carracing_camera, read_driving_log
 from sim_bridges.udacity_standin import StandIn, StandInConfig, telemetry_packet
-from tests.test_udacity_bridge import FAST_PINGS, assert_all_answered, no_leaked_threads, real_log, running
+from tests.test_udacity_bridge import (
+    FAST_PINGS,
+    assert_all_answered,
+    drive_until_done,
+    no_leaked_threads,
+    real_log,
+    running,
+)
 
 __all__ = ["no_leaked_threads", "real_log"]  # fixtures shared with the bridge tests
 
@@ -67,12 +74,10 @@ def test_standin_rejects_numbers_in_steer_and_that_chain_dies(real_log):
 
 
 def test_standin_answers_server_pings_and_sends_its_own(real_log):
-    env = UdacityEnv(port=0, timeout_s=0.5, ping_interval=0.15, ping_timeout=0.4)
+    env = UdacityEnv(port=0, timeout_s=0.3, ping_interval=0.15, ping_timeout=0.4)
     try:
         with running(env, ReplaySource(real_log, limit=10, loop=True), ping_interval=0.1, duration_s=1.2) as standin:
-            obs, info = env.reset()
-            while not env.step(np.zeros(2, np.float32))[3]:
-                time.sleep(0.01)
+            drive_until_done(env, standin, lambda obs: (time.sleep(0.01), np.zeros(2, np.float32))[1])
         r = standin.report
         assert r.server_pings >= 5 and r.pings_sent >= 3 and r.pongs_received >= r.pings_sent - 1
         assert r.connects == 1
@@ -123,19 +128,18 @@ def test_speed_controller_slows_for_steering_uncertainty_and_gate():
 # -- closed loop -----------------------------------------------------------------------------------------------------
 def test_carracing_closed_loop_through_the_protocol_smoke():
     """Short closed loop: CarRacing frames as JPEG telemetry, the vision policy's steer applied to the car."""
-    env = UdacityEnv(port=0, timeout_s=0.5, **FAST_PINGS)
+    env = UdacityEnv(port=0, timeout_s=0.3, **FAST_PINGS)
     src = CarRacingSource(seed=1, max_steps=120)
     follower = RoadFollower(VISION_PRESETS["carracing"])
     try:
         with running(env, src) as standin:
-            obs, info = env.reset()
             speeds = []
-            while True:
+
+            def policy(obs):
                 speeds.append(float(obs["speed"][0]))
-                action = np.array(follower.act(obs["image"], speeds[-1]), np.float32)
-                obs, _, _, truncated, info = env.step(action)
-                if truncated:
-                    break
+                return np.array(follower.act(obs["image"], speeds[-1]), np.float32)
+
+            drive_until_done(env, standin, policy)
         assert_all_answered(standin.report, env.server.snapshot())
         assert src.result["steps"] == 120 and src.result["truncated"]
         assert src.result["off_track_steps"] == 0 and src.result["progress"] > 0.03
@@ -155,11 +159,12 @@ def test_camera_is_the_simulators_frame_size():
         src.close()
 
 
-def _drive(argv, source, port, **standin_cfg):
+def _drive(argv, source, port, timeout_s=3.0, **standin_cfg):
+    """`drive udacity drive` in-process against a stand-in; runs end by --max-steps or when the source is done."""
     standin = StandIn(StandInConfig(port=port, ping_interval=0.3, **standin_cfg), source).start()
     try:
-        code = main(["udacity", "drive", "--port", str(port), "--timeout-s", "0.7", "--connect-timeout-s", "20",
-                     "--ping-interval-s", "0.3", *argv])  # fmt: skip
+        code = main(["udacity", "drive", "--port", str(port), "--timeout-s", str(timeout_s), "--connect-timeout-s",
+                     "20", "--ping-interval-s", "0.3", *argv])  # fmt: skip
     finally:
         standin.stop()
         report = standin.join(20)
@@ -219,7 +224,7 @@ def test_carracing_lap_through_the_udacity_protocol_with_the_vision_policy(tmp_p
     argv = ["--policy", "vision:carracing", "--target-speed-mph", "90", "--min-speed-mph", "30",
             "--steer-slowdown", "0", "--kp", "0.08", "--max-brake", "0.6", "--display", "none",
             "--run-dir", str(tmp_path)]  # fmt: skip
-    code, report = _drive(argv, src, free_port())
+    code, report = _drive(argv, src, free_port(), timeout_s=5.0)
     assert code == 0
     assert src.result["lap_finished"], src.result
     assert src.result["off_track_steps"] < 20
