@@ -105,7 +105,7 @@ def evaluate_episode(spec: str, env_settings: Mapping[str, Any], seed: int, tick
         pixels = bool(getattr(policy, "needs_pixels", True))
         trace = env_settings.get("trace")
         env = make_env(env_settings["env"], pixels=pixels, max_episode_steps=env_settings["max_episode_steps"],
-                       keep_raw=bool(trace))  # fmt: skip
+                       keep_raw=bool(trace) or getattr(policy, "needs_raw", False))  # fmt: skip
         observers = []
         if trace:
             from drive.recorder import TraceRecorder

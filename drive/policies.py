@@ -52,7 +52,7 @@ class ControllerPolicy:
         fallback: FallbackGate | None = None,
         name: str = "controller",
         threads: int | None = 1,
-        transform: Any = None,
+        coder: Any = None,
     ):
         """threads: torch CPU threads for this process (None leaves them). A batch-1 step gains nothing from more
         than one, and on a loaded machine a second thread's spin-waits turned ~1 ms steps into ~100 ms (measured)."""
@@ -70,8 +70,9 @@ class ControllerPolicy:
         self.name = name
         self.generator = torch.Generator().manual_seed(self.seed)
         self.stats = OnPolicyStats()
-        #: the observation transform the controller was trained with (drive/tasks/demos.py input_transform)
-        self.transform = transform
+        #: rebuilds the observation the controller was trained on (drive/tasks/demos.py ObservationCoder)
+        self.coder = coder
+        self.needs_raw = bool(getattr(coder, "needs_raw", False))
 
     def reset(self, seed: int | None = None) -> None:
         # sampling replays exactly per (policy seed, track seed), whatever ran before
@@ -81,6 +82,8 @@ class ControllerPolicy:
         if self.fallback is not None:
             self.fallback.reset()
         self.stats.reset()
+        if self.coder is not None:
+            self.coder.reset()
 
     def episode_summary(self) -> dict[str, Any]:
         """The finished episode's on-policy calibration, latency and fallback figures."""
@@ -90,12 +93,13 @@ class ControllerPolicy:
         return out
 
     @torch.inference_mode()
-    def predict(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
+    def predict(self, obs: np.ndarray, info: Mapping[str, Any] | None = None):
         """(mean, aleatoric_var, epistemic_var) each (3,), the model's internals, and the latency in ms."""
         t0 = time.perf_counter()
-        x = torch.as_tensor(np.asarray(obs))[None]  # (1, k, 84, 84)
-        if self.transform is not None:
-            x = self.transform(x)
+        if self.coder is not None:
+            x = self.coder(obs, info or {})  # (1, k, 84, 84)
+        else:
+            x = torch.as_tensor(np.asarray(obs))[None]  # (1, k, 84, 84)
         mu, var = self.model.moments(x, self.n_samples, self.generator)  # (S, 1, D) each
         pred = total_variance(mu, var)
         latency_ms = (time.perf_counter() - t0) * 1e3
@@ -103,7 +107,7 @@ class ControllerPolicy:
         return pred.mean[0].numpy(), pred.aleatoric_var[0].numpy(), pred.epistemic_var[0].numpy(), internals, latency_ms
 
     def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> PolicyOutput:
-        mean, ale, epi, internals, latency_ms = self.predict(obs)
+        mean, ale, epi, internals, latency_ms = self.predict(obs, info)
         action = np.clip(mean, ACTION_LOW, ACTION_HIGH).astype(np.float32)
         expert = None
         if self.shadow is not None:
@@ -236,13 +240,12 @@ def load_controller_policy(
         if threshold is None:
             raise ValueError("a fallback needs a threshold: calibrate it on nominal laps (resolve_threshold)")
         gate = FallbackGate(threshold, fallback)
-    from drive.tasks.demos import input_transform
+    from drive.tasks.demos import ObservationCoder
 
-    # checkpoints from before task.input existed were trained on the raw frame stack
-    transform = input_transform(payload.get("data", {}).get("input", "frames"))
+    coder = ObservationCoder.from_fingerprint(payload.get("data", {}), encoder.get("n_tokens", 4))
     expert = load_shadow(shadow, env)
     name = f"{payload['name']}:{Path(path).name}"
-    return ControllerPolicy(model, n_samples, seed, expert, gate, name=name, transform=transform)
+    return ControllerPolicy(model, n_samples, seed, expert, gate, name=name, coder=coder)
 
 
 def nominal_scores(
@@ -252,7 +255,7 @@ def nominal_scores(
     if policy.fallback is not None:
         raise ValueError("nominal laps run without a fallback")
     scores: list[float] = []
-    env = make_env(**env_kwargs)
+    env = make_env(**{**env_kwargs, "keep_raw": policy.needs_raw or env_kwargs.get("keep_raw", False)})
     try:
         rollout(env, policy, seeds=seeds, on_step=lambda r: scores.append(score(r.extras["epistemic_var"], signal)))
     finally:

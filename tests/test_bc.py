@@ -17,7 +17,7 @@ from drive.cli import main
 from drive.policies import load_controller_policy
 from drive.recorder import read_trace
 from drive.tasks import TaskConfig
-from drive.tasks.demos import build, motion_stack, split_seeds
+from drive.tasks.demos import build, full_frame, motion_stack, split_seeds
 from drive.video import read_video
 
 EPISODE_STEPS = 60
@@ -29,7 +29,7 @@ def demos(tmp_path_factory):
     out = tmp_path_factory.mktemp("demos") / "fake"
     code = main(["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0-5", "--out", str(out),
                  "--max-episode-steps", str(EPISODE_STEPS), "--action-noise", "0.2", "--min-return", "-1000",
-                 "--no-progress"])  # fmt: skip
+                 "--keep-raw", "--no-progress"])  # fmt: skip
     assert code == 0
     return out
 
@@ -48,7 +48,7 @@ def test_split_is_by_episode_and_reproducible():
 
 
 def test_task_yields_the_observed_stacks_and_clean_labels(demos):
-    options = {"val_fraction": "0.2", "test_fraction": "0.2", "input": "frames"}
+    options = {"val_fraction": "0.2", "test_fraction": "0.2", "input": "frames", "frames": "bridge"}
     data = build(TaskConfig(name="demos", data=demos, options=options))
     fp = data.fingerprint
     assert not set(fp["train_seeds"]) & (set(fp["val_seeds"]) | set(fp["test_seeds"]))  # split by episode
@@ -66,6 +66,12 @@ def test_task_yields_the_observed_stacks_and_clean_labels(demos):
     x, _ = motion.train[7]
     assert np.array_equal(x.numpy(), motion_stack(torch.as_tensor(first.stack(7))).numpy())
     assert motion.fingerprint["input"] == "motion"
+    # full frames: coded from the raw frames, the first one repeated like the bridge's reset stack
+    full = build(TaskConfig(name="demos", data=demos, options={**options, "frames": "full"}))
+    coded = [full_frame(first.raw[t]) for t in (0, 0, 0, 0, 1, 2)]
+    assert np.array_equal(full.train[0][0].numpy(), np.stack(coded[:4]))
+    assert np.array_equal(full.train[2][0].numpy(), np.stack(coded[2:6]))
+    assert full.fingerprint["frames"] == "full"
     with pytest.raises(ValueError, match="unknown input"):
         build(TaskConfig(name="demos", data=demos, options={"input": "optical-flow"}))
     with pytest.raises(ValueError, match="unknown option"):
@@ -108,13 +114,17 @@ def test_collect_train_eval_replay(demos, tmp_path):
     ckpt = torch.load(run / "best.pt", weights_only=True)
     np.testing.assert_allclose(ckpt["state_dict"]["y_loc"].numpy(), labels.mean(0), rtol=1e-4, atol=1e-5)
 
-    # the closed-loop policy feeds the controller exactly what training fed it (here the motion coding)
+    # the closed-loop policy feeds the controller exactly what training fed it (here full frames from raw ones)
     policy = load_controller_policy(run / "best.pt", n_samples=4, shadow=None, env="fake-road")
-    obs = Demonstrations(demos).load(train_seeds[0]).stack(9)
-    policy.generator.manual_seed(5)
-    mean, *_ = policy.predict(obs)
+    assert policy.needs_raw
+    episode = Demonstrations(demos).load(train_seeds[0])
+    policy.reset(seed=0)
+    for t in range(6):
+        policy.generator.manual_seed(5)
+        mean, *_ = policy.predict(episode.stack(t), {"raw_frame": episode.raw[t]})
+    stack = np.stack([full_frame(episode.raw[t]) for t in (2, 3, 4, 5)])
     with torch.inference_mode():
-        expected = policy.model.predict(motion_stack(torch.as_tensor(obs))[None], 4, torch.Generator().manual_seed(5))
+        expected = policy.model.predict(torch.as_tensor(stack)[None], 4, torch.Generator().manual_seed(5))
     np.testing.assert_allclose(mean, expected.mean[0].numpy(), rtol=1e-5, atol=1e-6)
 
     out = tmp_path / "eval.json"

@@ -7,7 +7,8 @@ CarRacing observations recorded from a short drive (random frames would cost the
 - stochastic: S samples (default 32), the way `drive eval` runs the controller;
 - deterministic: the same network without sampling. For NSAC, the attention layer's mean-logit path
   (`sample=False`: mu instead of mu + sigma eps, one pass); for the other controllers, one pass (S = 1).
-The input coding a checkpoint was trained with (task.input, e.g. motion) is part of the step in both.
+The observation coding a checkpoint was trained with (drive/tasks/demos.py ObservationCoder: frame source, input
+transform) is part of the step in both.
 
 Targets (issue 4): stochastic p50 <= 5 ms and stochastic / deterministic <= 1.3x, reached when the encoder runs
 once and only the attention head is sampled. Prints the figures and the ratio side by side; `--out` writes JSON.
@@ -48,25 +49,25 @@ class Config:
     """write the results JSON here"""
 
 
-def _observations(n: int) -> np.ndarray:
-    """(n, 4, 84, 84) uint8 frame stacks from a short pursuit drive in the pixel env."""
+def _observations(n: int) -> list[tuple[np.ndarray, dict]]:
+    """n (frame stack (4, 84, 84) uint8, info with the raw frame) pairs from a short pursuit drive in the pixel env."""
     from drive.experts import load_expert
     from sim_bridges.carracing import make_carracing
 
-    env = make_carracing(max_episode_steps=n + 1)
+    env = make_carracing(keep_raw=True, max_episode_steps=n + 1)
     expert = load_expert("pursuit")
     obs, info = env.reset(seed=4242)
-    frames = []
+    pairs = []
     for _ in range(n):
-        frames.append(obs)
+        pairs.append((obs, {"raw_frame": np.array(info["raw_frame"])}))
         obs, _, term, trunc, info = env.step(expert.act(info["state"]))
         if term or trunc:
             obs, info = env.reset(seed=4243)
     env.close()
-    return np.stack(frames)
+    return pairs
 
 
-def _step_fn(model, n_samples: int, deterministic: bool, transform=None):
+def _step_fn(model, n_samples: int, deterministic: bool, coder):
     generator = torch.Generator().manual_seed(0)
     if deterministic and hasattr(model, "attention") and hasattr(model, "_readout"):
         # NSAC: the mean-logit path of its attention layer (no noise, one pass)
@@ -80,10 +81,8 @@ def _step_fn(model, n_samples: int, deterministic: bool, transform=None):
         def moments(x):
             return model.moments(x, 1 if deterministic else n_samples, generator)
 
-    def step(obs: np.ndarray) -> None:
-        x = torch.as_tensor(obs)[None]  # (1, k, 84, 84)
-        if transform is not None:
-            x = transform(x)
+    def step(pair: tuple[np.ndarray, dict]) -> None:
+        x = coder(*pair)  # (1, k, 84, 84), coded as in training
         mu, var = moments(x)
         total_variance(mu, var)
 
@@ -91,8 +90,8 @@ def _step_fn(model, n_samples: int, deterministic: bool, transform=None):
 
 
 @torch.inference_mode()
-def time_steps(model, obs, n_samples: int, deterministic: bool, steps: int, warmup: int, transform=None) -> np.ndarray:
-    step = _step_fn(model, n_samples, deterministic, transform)
+def time_steps(model, obs, n_samples: int, deterministic: bool, steps: int, warmup: int, coder) -> np.ndarray:
+    step = _step_fn(model, n_samples, deterministic, coder)
     for i in range(warmup):
         step(obs[i % len(obs)])
     times = np.empty(steps)
@@ -105,7 +104,7 @@ def time_steps(model, obs, n_samples: int, deterministic: bool, steps: int, warm
 
 def _models(cfg: Config):
     from drive.checkpoint import load_controller
-    from drive.tasks.demos import input_transform
+    from drive.tasks.demos import ObservationCoder
 
     paths = list(cfg.ckpt)
     if not paths and (REPO / "checkpoints" / "carracing_nsac.pt").is_file():
@@ -113,15 +112,15 @@ def _models(cfg: Config):
     if paths:
         for path in paths:
             model, payload = load_controller(path)
-            transform = input_transform(payload.get("data", {}).get("input", "frames"))
-            yield f"{payload['name']} ({Path(path).name})", model, transform
+            coder = ObservationCoder.from_fingerprint(payload.get("data", {}), payload["config"]["encoder"]["n_tokens"])
+            yield f"{payload['name']} ({Path(path).name})", model, coder
         return
     from agents.encoders import EncoderConfig
     from agents.nsac import NSACConfig
 
     torch.manual_seed(0)
     model = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=32), out_dim=3).build()
-    yield "nsac (untrained)", model, None
+    yield "nsac (untrained)", model, ObservationCoder("full", "frames", 4)
 
 
 def run(cfg: Config) -> int:
@@ -131,13 +130,13 @@ def run(cfg: Config) -> int:
     print(f"per-step controller latency, batch 1, {cfg.threads} thread(s), {cfg.steps} steps, S = {cfg.samples}")
     print(f"{'controller':<28} {'stochastic p50/p95 ms':>22} {'deterministic p50/p95 ms':>25} {'ratio p50':>10}  "
           f"targets (<= {TARGET_MS:g} ms, <= {TARGET_RATIO:g}x)")  # fmt: skip
-    for name, model, transform in _models(cfg):
+    for name, model, coder in _models(cfg):
         model.eval()
         # interleave the two measurements so background load hits both alike
         sto, det = [], []
         for _ in range(3):
-            sto.append(time_steps(model, obs, cfg.samples, False, cfg.steps // 3, cfg.warmup, transform))
-            det.append(time_steps(model, obs, cfg.samples, True, cfg.steps // 3, cfg.warmup, transform))
+            sto.append(time_steps(model, obs, cfg.samples, False, cfg.steps // 3, cfg.warmup, coder))
+            det.append(time_steps(model, obs, cfg.samples, True, cfg.steps // 3, cfg.warmup, coder))
         sto, det = np.concatenate(sto), np.concatenate(det)
         row = {
             "controller": name,

@@ -14,18 +14,20 @@ the test split instead and every episode of DIR is used for train/val.
 Frames are held once per episode (T + k - 1 frames, not T stacks of k), and a batch's stacks are gathered by index:
 50 episodes of 1,000 steps take ~0.35 GB instead of 1.4 GB.
 
-Input representation (`task.input`, saved in the checkpoint's data fingerprint and applied by drive/policies.py in
-the closed loop through the same `input_transform`, so training and driving can never differ):
-- `frames`: the raw stack [f_0 .. f_{k-1}] (oldest first), one token per frame.
-- `motion` (default): [f_{k-1}, f_{k-1} - f_{k-2}, ..., f_1 - f_0] — the newest frame and the successive frame
-  differences (stored as 128 + diff / 2). An invertible re-coding of the same stack (up to the last bit of each
-  difference), one token each. Why: every controller pools its attention output, so its prediction is a convex
-  combination of per-token linear read-outs, which cannot form the difference of two frames — and speed, which the
-  expert's gas and brake depend on, is only visible as motion (the bridge crops the speedometer bar). Measured on
-  pursuit demonstrations (GMLE, same budget): see checkpoints/carracing_nsac.md.
+Observation coding — two options, saved in the checkpoint's data fingerprint; drive/policies.py rebuilds the same
+observation in the closed loop with `ObservationCoder`, so training and driving can never differ:
+- `task.frames`: `full` (default) codes each frame from the env's raw 96x96 RGB frame (`full_frame`: gray, resized
+  to 84x84, the indicator bar kept: speed, ABS, steering and gyro bars, as every CarRacing pixel agent sees them);
+  needs data collected with --keep-raw. `bridge` takes the bridge's own 84x84 frame, which crops that bar. Why
+  `full`: the expert's gas and brake depend on speed; without the bar, speed is only visible as motion between
+  frames, and clones trained on bridge frames did not brake before corners (measured; see the model card).
+- `task.input`: `frames` (default), the stack oldest first, one token per frame; or `motion`, [newest frame,
+  newest - previous, ..., second - oldest] (differences stored as 128 + diff / 2), an invertible re-coding that hands
+  the per-frame CNN the motion directly (each controller pools its attention output, a convex combination of
+  per-token read-outs, which cannot itself subtract two frames).
 
-Options (`--set task.KEY=VALUE`): input (motion), val_fraction (0.1), test_fraction (0.1), stride (1: every step;
-2: every other step, for quick runs), max_episodes (0: all), test_data (a dataset dir), include_flagged (false).
+Options (`--set task.KEY=VALUE`): frames (full), input (frames), val_fraction (0.1), test_fraction (0.1), stride (1:
+every step; 2: every other step, for quick runs), max_episodes (0: all), test_data (a dataset dir), include_flagged.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import hashlib
 import logging
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 
@@ -45,7 +48,7 @@ from drive.tasks import TaskConfig, TaskData
 log = logging.getLogger(__name__)
 
 TARGETS = ("steer", "gas", "brake")
-OPTIONS = ("input", "val_fraction", "test_fraction", "stride", "max_episodes", "test_data", "include_flagged")
+OPTIONS = ("frames", "input", "val_fraction", "test_fraction", "stride", "max_episodes", "test_data", "include_flagged")
 
 
 def motion_stack(x: torch.Tensor) -> torch.Tensor:
@@ -59,11 +62,57 @@ def motion_stack(x: torch.Tensor) -> torch.Tensor:
 INPUTS = {"frames": lambda x: x, "motion": motion_stack}
 
 
+FRAME_SOURCES = ("full", "bridge")
+
+
 def input_transform(name: str):
-    """The observation transform a demos-trained controller expects (applied to uint8 tensors (..., k, 84, 84))."""
+    """The stack transform a demos-trained controller expects (applied to uint8 tensors (..., k, 84, 84))."""
     if name not in INPUTS:
         raise ValueError(f"unknown input representation {name!r}; choose one of {sorted(INPUTS)}")
     return INPUTS[name]
+
+
+def full_frame(rgb96: np.ndarray) -> np.ndarray:
+    """(96, 96, 3) uint8 RGB raw frame -> (84, 84) uint8 gray, the whole view including the indicator bar."""
+    small = cv2.resize(np.ascontiguousarray(rgb96), (84, 84), interpolation=cv2.INTER_AREA)  # (84, 84, 3)
+    return cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
+
+
+class ObservationCoder:
+    """The closed-loop observation of a demos-trained controller, built exactly as its training stacks were.
+
+    `bridge`: the env's observation (k, 84, 84); `full`: a sliding window of `full_frame(info["raw_frame"])`,
+    filled with the first frame after reset (as the bridge fills its stack); then the `input` transform.
+    """
+
+    def __init__(self, frames: str = "bridge", input: str = "frames", k: int = 4):
+        if frames not in FRAME_SOURCES:
+            raise ValueError(f"unknown frame source {frames!r}; choose one of {FRAME_SOURCES}")
+        self.frames, self.k, self.transform = frames, k, input_transform(input)
+        self.needs_raw = frames == "full"
+        self.reset()
+
+    @classmethod
+    def from_fingerprint(cls, data: dict, k: int) -> ObservationCoder:
+        # checkpoints from before these options existed were trained on bridge frames, untransformed
+        return cls(data.get("frames", "bridge"), data.get("input", "frames"), k)
+
+    def reset(self) -> None:
+        self._stack: np.ndarray | None = None
+
+    def __call__(self, obs, info) -> torch.Tensor:
+        if self.frames == "bridge":
+            stack = np.asarray(obs)
+        else:
+            if "raw_frame" not in info:
+                raise KeyError("this controller sees full frames: run the env with keep_raw=True (info['raw_frame'])")
+            frame = full_frame(info["raw_frame"])
+            if self._stack is None:
+                self._stack = np.repeat(frame[None], self.k, axis=0)  # (k, 84, 84)
+            else:
+                self._stack = np.concatenate([self._stack[1:], frame[None]])
+            stack = self._stack
+        return self.transform(torch.as_tensor(stack)[None])  # (1, k, 84, 84)
 
 
 class StackDataset(torch.utils.data.Dataset):
@@ -103,17 +152,28 @@ class StackDataset(torch.utils.data.Dataset):
             yield self.stacks(idx), self.labels[idx]
 
 
-def _gather(data: Demonstrations, seeds: list[int], stride: int, transform) -> StackDataset:
+def episode_frames(ep, source: str, where: Path) -> np.ndarray:
+    """(T + k - 1, 84, 84): the episode's frames in the chosen coding, padded like the bridge's reset stack."""
+    if source == "bridge":
+        return ep.frames
+    if ep.raw is None:
+        raise ValueError(f"{where}: seed {ep.seed} has no raw frames; task.frames=full needs data collected with "
+                         "--keep-raw (or use task.frames=bridge)")  # fmt: skip
+    coded = np.stack([full_frame(f) for f in ep.raw])  # (T, 84, 84)
+    return np.concatenate([np.repeat(coded[:1], ep.frame_stack - 1, axis=0), coded])
+
+
+def _gather(data: Demonstrations, seeds: list[int], stride: int, transform, source: str) -> StackDataset:
     frames, starts, labels, sample_seeds = [], [], [], []
     offset = 0
     for seed in seeds:
         ep = data.load(seed)
         steps = np.arange(0, len(ep), stride)
-        frames.append(ep.frames)
+        frames.append(episode_frames(ep, source, data.root))
         starts.append(offset + steps)
         labels.append(ep.label[steps])
         sample_seeds.append(np.full(len(steps), seed))
-        offset += len(ep.frames)
+        offset += len(frames[-1])
     if not frames:
         raise ValueError(f"{data.root}: no episodes in this split")
     return StackDataset(
@@ -135,7 +195,7 @@ def split_seeds(seeds: list[int], val_fraction: float, test_fraction: float, see
     return sorted(pick[n_val + n_test :]), sorted(pick[:n_val]), sorted(pick[n_val : n_val + n_test])
 
 
-def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], stride: int, input_name: str) -> dict:
+def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], stride: int, source: str, input_name: str) -> dict:
     manifest = (data.root / "manifest.json").read_bytes()
     return {
         "path": str(data.root.resolve()),
@@ -144,6 +204,7 @@ def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], stride: int
         "action_noise": float(data.settings.get("action_noise", 0.0) or 0.0),
         "n_episodes": len(data),
         "stride": stride,
+        "frames": source,
         "input": input_name,
         **{f"{name}_seeds": list(map(int, seeds)) for name, seeds in splits.items()},
     }
@@ -174,8 +235,10 @@ def build(cfg: TaskConfig) -> TaskData:
     root = cfg.require_data()
     include_flagged = cfg.get("include_flagged", False)
     data = Demonstrations(root, include_flagged=include_flagged)
-    input_name = cfg.get("input", "motion")
+    input_name, source = cfg.get("input", "frames"), cfg.get("frames", "full")
     transform = input_transform(input_name)
+    if source not in FRAME_SOURCES:
+        raise ValueError(f"task.frames={source!r}: choose one of {FRAME_SOURCES}")
     stride = cfg.get("stride", 1)
     if stride < 1:
         raise ValueError(f"task.stride={stride}: must be >= 1")
@@ -194,15 +257,15 @@ def build(cfg: TaskConfig) -> TaskData:
         test_data = data
     log.info("demos %s: %d train, %d val, %d test episodes (stride %d)", root, len(train_seeds), len(val_seeds),
              len(test_seeds), stride)  # fmt: skip
-    train = _gather(data, train_seeds, stride, transform)
-    val = _gather(data, val_seeds, stride, transform)
-    test = _gather(test_data, test_seeds, 1, transform)
+    train = _gather(data, train_seeds, stride, transform, source)
+    val = _gather(data, val_seeds, stride, transform, source)
+    test = _gather(test_data, test_seeds, 1, transform, source)
 
     def evaluate(model) -> dict:
         return {"test": offline_report(model, test, seed=cfg.seed)}
 
     splits = {"train": train_seeds, "val": val_seeds, "test": test_seeds}
-    fingerprint = _fingerprint(data, splits, stride, input_name)
+    fingerprint = _fingerprint(data, splits, stride, source, input_name)
     if test_dir:
         fingerprint["test_data"] = str(Path(test_dir).resolve())
     return TaskData(
