@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from drive import checkpoint
-from sim_bridges.carracing import IDX, TRACK_HALF_WIDTH
+from sim_bridges.carracing import IDX, STATE_DIM, TRACK_HALF_WIDTH
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +43,19 @@ class Config:
     """Seed for PPO and the training workers' track streams."""
     resume: bool = False
     """Continue a killed run from run_dir/sb3_last.zip and vecnorm_last.pkl."""
-    eval_every: int = 200_000
+    eval_every: int = 250_000
     """Evaluate (and maybe keep) the deterministic policy every this many steps."""
-    eval_seeds: str = "5000-5029"
+    eval_seeds: str = "5000-5049"
     """Held-out track seeds for selection, as 'a-b' (inclusive) or 'a,b,c'. Never use 1000-1019 here."""
     min_weight: float = 0.5
     """Selection score = mean return + min_weight * min return over the held-out seeds."""
     offtrack_patience: int = 60
     """Training only: end an episode after this many consecutive steps with no wheel on the road (0 = never)."""
-    offtrack_penalty: float = 20.0
+    offtrack_penalty: float = 100.0
     """Training only: reward subtracted when an episode is ended for being off track."""
-    perturb_prob: float = 0.0
+    perturb_prob: float = 0.25
     """Training only: chance an episode starts at a random track point, heading and lateral offset (recoveries)."""
-    wheel_off_penalty: float = 0.0
+    wheel_off_penalty: float = 0.02
     """Training only: reward subtracted per step for each wheel off the road (discourages cutting corners)."""
     lr: float = 3e-4
     """Initial learning rate, decayed linearly to lr_final."""
@@ -65,9 +65,9 @@ class Config:
     """Rollout length per environment between updates."""
     batch_size: int = 256
     """Minibatch size."""
-    n_epochs: int = 10
+    n_epochs: int = 5
     """Passes over each rollout."""
-    gamma: float = 0.99
+    gamma: float = 0.995
     """Discount factor."""
     gae_lambda: float = 0.95
     """GAE lambda."""
@@ -79,10 +79,12 @@ class Config:
     """Initial log standard deviation of the Gaussian policy."""
     use_sde: bool = True
     """Generalised state-dependent exploration (smoother exploration than per-step noise)."""
-    hidden: tuple[int, ...] = (256, 256)
+    hidden: tuple[int, ...] = (128, 128)
     """Hidden widths of the policy and value MLPs."""
+    action_mode: str = "speed"
+    """Pedal axis of the policy: 'speed' (target speed tracked by a servo) or 'accel' (gas/brake directly)."""
     brake_scale: float = 0.8
-    """Brake = brake_scale * max(-accel, 0) in the (steer, accel) action parametrisation."""
+    """Largest brake the policy can apply (0.9 and above locks the wheels)."""
     evaluate: str = ""
     """If set ('ppo', 'pursuit' or a checkpoint path): score that expert on eval_seeds (state mode), no training."""
 
@@ -98,18 +100,38 @@ def parse_seeds(spec: str) -> list[int]:
         raise ValueError(f"seeds must look like '5000-5049' or '1,2,3', got {spec!r}") from exc
 
 
-class PolicyAction(gym.ActionWrapper):
-    """Expose the (steer, accel) parametrisation of agents.experts.ppo to the learner."""
+def policy_config(cfg: Config, clip_obs: float = 10.0, obs_eps: float = 1e-8):
+    from agents.experts.ppo import PPOPolicyConfig
 
-    def __init__(self, env, brake_scale: float):
+    return PPOPolicyConfig(
+        obs_dim=STATE_DIM, hidden=tuple(cfg.hidden), activation="tanh", brake_scale=cfg.brake_scale,
+        action_mode=cfg.action_mode, speed_index=IDX["speed"], clip_obs=clip_obs, obs_eps=obs_eps,
+    )  # fmt: skip
+
+
+class PolicyAction(gym.Wrapper):
+    """Expose the (steer, pedal) parametrisation of agents.experts.ppo to the learner (needs the current speed)."""
+
+    def __init__(self, env, pcfg):
         super().__init__(env)
-        self.brake_scale = brake_scale
+        self.pcfg, self.speed = pcfg, 0.0
         self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 
-    def action(self, action):
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.speed = info["speed"]
+        return obs, info
+
+    def step(self, action):
+        import torch
+
         from agents.experts.ppo import to_env_action
 
-        return to_env_action(action, self.brake_scale)
+        a = torch.as_tensor(np.asarray(action, np.float32).reshape(1, 2))
+        env_action = to_env_action(a, torch.tensor([self.speed]), self.pcfg)[0].numpy()
+        obs, reward, terminated, truncated, info = self.env.step(env_action)
+        self.speed = info["speed"]
+        return obs, reward, terminated, truncated, info
 
 
 class TrainShaping(gym.Wrapper):
@@ -117,7 +139,7 @@ class TrainShaping(gym.Wrapper):
     `wheel_penalty` per wheel off the road each step; with probability `perturb_prob` start the episode from a
     random track point with any heading and a lateral offset within the road. Evaluation never sees this wrapper."""
 
-    def __init__(self, env, patience: int, penalty: float, wheel_penalty: float = 0.0, perturb_prob: float = 0.0):
+    def __init__(self, env, patience: int, penalty: float, wheel_penalty: float = 0.0, perturb_prob: float = 0.25):
         super().__init__(env)
         self.patience, self.penalty, self.wheel_penalty, self.count = patience, penalty, wheel_penalty, 0
         self.perturb_prob = perturb_prob
@@ -155,7 +177,7 @@ def _make_env(cfg: Config, rank: int):
         torch.set_num_threads(1)
         env = make_carracing(mode="state")
         env = TrainShaping(env, cfg.offtrack_patience, cfg.offtrack_penalty, cfg.wheel_off_penalty, cfg.perturb_prob)
-        env = Monitor(PolicyAction(env, cfg.brake_scale))
+        env = Monitor(PolicyAction(env, policy_config(cfg)))
         env.reset(seed=cfg.seed * 1000 + rank)
         return env
 
@@ -166,12 +188,9 @@ def export_policy(model, vecnorm, cfg: Config):
     """SB3 policy + frozen VecNormalize -> our PPOPolicy (deterministic action path only)."""
     import torch
 
-    from agents.experts.ppo import PPOPolicy, PPOPolicyConfig
+    from agents.experts.ppo import PPOPolicy
 
-    pcfg = PPOPolicyConfig(
-        obs_dim=model.observation_space.shape[0], hidden=tuple(cfg.hidden), activation="tanh",
-        brake_scale=cfg.brake_scale, clip_obs=float(vecnorm.clip_obs), obs_eps=float(vecnorm.epsilon),
-    )  # fmt: skip
+    pcfg = policy_config(cfg, float(vecnorm.clip_obs), float(vecnorm.epsilon))
     policy = PPOPolicy(pcfg)
     policy.policy_net.load_state_dict(model.policy.mlp_extractor.policy_net.state_dict())
     policy.action_net.load_state_dict(model.policy.action_net.state_dict())

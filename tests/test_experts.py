@@ -49,24 +49,34 @@ def test_pursuit_drives_the_start_of_a_track():
     assert results[0]["progress"] > 0.2  # ~a quarter lap in 300 steps (6 s), not wandering on the grass
 
 
-def test_to_env_action_matches_the_torch_policy_path():
-    a = np.array([[0.3, 0.5], [-1.0, -0.5], [2.0, -3.0]], np.float32)
-    np.testing.assert_allclose(to_env_action(a, 0.8), [[0.3, 0.5, 0.0], [-1.0, 0.0, 0.4], [1.0, 0.0, 0.8]], atol=1e-6)
-    policy = PPOPolicy(PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(8,)))
+def test_accel_mode_maps_one_pedal_axis_to_gas_or_brake():
+    cfg = PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(8,), action_mode="accel", brake_scale=0.8)
+    a = torch.tensor([[0.3, 0.5], [-1.0, -0.5], [2.0, -3.0]])
+    got = to_env_action(a, torch.zeros(3), cfg)
+    np.testing.assert_allclose(got.numpy(), [[0.3, 0.5, 0.0], [-1.0, 0.0, 0.4], [1.0, 0.0, 0.8]], atol=1e-6)
+
+
+def test_speed_mode_servo_never_parks_the_car():
+    cfg = PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(8,), action_mode="speed", v_min=5.0, v_max=105.0)
+    pedal = torch.linspace(-1, 1, 9)
+    at_rest = to_env_action(torch.stack([torch.zeros(9), pedal], 1), torch.zeros(9), cfg)  # (9, 3)
+    assert torch.all(at_rest[:, 1] > 0) and torch.all(at_rest[:, 2] == 0)  # even "slowest" means drive on
+    fast = to_env_action(torch.tensor([[0.0, -1.0], [0.0, 0.0]]), torch.tensor([60.0, 60.0]), cfg)
+    np.testing.assert_allclose(fast[0].numpy(), [0.0, 0.0, 0.8], atol=1e-6)  # target 5 m/s: brake, capped
+    np.testing.assert_allclose(fast[1].numpy(), [0.0, 0.0, 0.06 * (60 - 55)], atol=1e-6)  # target 55 m/s
+    policy = PPOPolicy(cfg)
     x = torch.randn(16, STATE_DIM)
-    np.testing.assert_allclose(
-        policy(x).detach().numpy(), to_env_action(policy.policy_action(x).detach().numpy(), 0.8), atol=1e-6
-    )
+    np.testing.assert_allclose(policy(x).detach(), to_env_action(policy.policy_action(x), x[:, 0], cfg).detach())
 
 
 def test_export_reproduces_sb3_deterministic_actions(tmp_path):
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    from drive.expert_train import Config, PolicyAction, export_policy, save_expert
+    from drive.expert_train import Config, PolicyAction, export_policy, policy_config, save_expert
 
     cfg = Config(hidden=(16, 16))
-    venv = VecNormalize(DummyVecEnv([lambda: PolicyAction(make_carracing(mode="state"), cfg.brake_scale)]))
+    venv = VecNormalize(DummyVecEnv([lambda: PolicyAction(make_carracing(mode="state"), policy_config(cfg))]))
     model = PPO(
         "MlpPolicy", venv, n_steps=64, batch_size=32, n_epochs=1, use_sde=True, device="cpu", seed=0,
         policy_kwargs=dict(net_arch=dict(pi=[16, 16], vf=[16, 16]), activation_fn=torch.nn.Tanh),
@@ -79,7 +89,8 @@ def test_export_reproduces_sb3_deterministic_actions(tmp_path):
     np.testing.assert_allclose(ours, sb3_action, atol=1e-5)
     path = save_expert(tmp_path / "e.pt", policy, pcfg, {"heldout_mean": 1.0}, {"steps": 64})
     reloaded = load_expert(path)
-    np.testing.assert_allclose(reloaded.act(obs[0]), to_env_action(sb3_action[0], cfg.brake_scale), atol=1e-5)
+    want = to_env_action(torch.as_tensor(sb3_action[:1]), torch.as_tensor(obs[:1, IDX["speed"]]), pcfg)[0]
+    np.testing.assert_allclose(reloaded.act(obs[0]), want.numpy(), atol=1e-5)
 
 
 def test_shipped_ppo_checkpoint_loads_and_acts():

@@ -6,11 +6,15 @@ on the privileged state vector of `sim_bridges.carracing`. What is exported is e
 
     z      = clip((state - obs_mean) / sqrt(obs_var + eps), -clip_obs, clip_obs)   VecNormalize, frozen
     a      = clip(W_out . mlp(z) + b_out, -1, 1)                                    Gaussian mean, SB3's Box clip
-    action = to_env_action(a)          (steer, accel) -> (steer, gas, brake); PPOPolicy.forward is its torch twin
+    action = to_env_action(a, speed)                                               (steer, pedal) -> 3-vector
 
-`to_env_action` is the policy's action parametrisation, shared with training so the two can never disagree:
-a single accelerator axis (gas when positive, brake when negative, scaled by `brake_scale`) instead of separate
-gas and brake, because pressing both is never useful and doubles the exploration noise on the pedals.
+`to_env_action` is the policy's action parametrisation, used by training too so the two can never disagree.
+One pedal axis instead of separate gas and brake (pressing both is never useful and doubles the exploration noise):
+- 'accel': gas when positive, brake (times `brake_scale`) when negative.
+- 'speed': the axis is a target speed in [v_min, v_max] that a proportional servo tracks with gas or brake.
+  Why: with 'accel', deterministic policies learnt a fixed point -- at rest after a spin, facing backwards, the
+  mean pedal is "brake" and the car parks for the rest of the episode (seen on ~5% of unseen tracks); the
+  stochastic policy never sticks there because its noise presses the gas. With v_min > 0 no output parks the car.
 """
 
 from __future__ import annotations
@@ -34,6 +38,19 @@ class PPOPolicyConfig:
     """Hidden activation: tanh or relu."""
     brake_scale: float = 0.8
     """Brake = brake_scale * max(-accel, 0); below 0.9 the stock car's wheels never lock."""
+    action_mode: str = "accel"
+    """How the second policy output drives the pedals: 'accel' (gas if > 0, brake if < 0) or 'speed' (a target
+    speed between v_min and v_max tracked by a proportional gas/brake servo)."""
+    speed_index: int = 0
+    """Index of the speed (m/s) in the state vector (used by action_mode 'speed')."""
+    v_min: float = 5.0
+    """'speed' mode: target speed at output -1 (m/s). Above zero, so the car can never park itself for good."""
+    v_max: float = 110.0
+    """'speed' mode: target speed at output +1 (m/s)."""
+    k_gas: float = 0.1
+    """'speed' mode: gas per m/s below the target."""
+    k_brake: float = 0.06
+    """'speed' mode: brake per m/s above the target (capped at brake_scale)."""
     clip_obs: float = 10.0
     """VecNormalize's clip of the standardised observation."""
     obs_eps: float = 1e-8
@@ -47,11 +64,19 @@ class PPOPolicyConfig:
         return cls(**{**data, "hidden": tuple(data["hidden"])})
 
 
-def to_env_action(a: np.ndarray, brake_scale: float) -> np.ndarray:
-    """(..., 2) policy action -> (..., 3) float32 env action (steer, gas, brake)."""
-    a = np.clip(np.asarray(a, dtype=np.float32), -1.0, 1.0)
-    steer, accel = a[..., 0], a[..., 1]
-    return np.stack([steer, np.maximum(accel, 0.0), brake_scale * np.maximum(-accel, 0.0)], axis=-1).astype(np.float32)
+def to_env_action(a: Tensor, speed: Tensor, cfg: PPOPolicyConfig) -> Tensor:
+    """(B, 2) policy action (steer, pedal) and (B,) speed in m/s -> (B, 3) env action (steer, gas, brake)."""
+    a = a.clamp(-1.0, 1.0)
+    steer, u = a[:, 0], a[:, 1]
+    if cfg.action_mode == "accel":
+        gas, brake = u.clamp(min=0.0), cfg.brake_scale * (-u).clamp(min=0.0)
+    elif cfg.action_mode == "speed":
+        target = cfg.v_min + 0.5 * (u + 1.0) * (cfg.v_max - cfg.v_min)  # (B,)
+        gas = (cfg.k_gas * (target - speed)).clamp(0.0, 1.0)
+        brake = (cfg.k_brake * (speed - target)).clamp(0.0, cfg.brake_scale)
+    else:
+        raise ValueError(f"action_mode must be 'accel' or 'speed', got {cfg.action_mode!r}")
+    return torch.stack([steer, gas, brake], dim=-1)
 
 
 _ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -62,6 +87,8 @@ class PPOPolicy(nn.Module):
 
     def __init__(self, cfg: PPOPolicyConfig):
         super().__init__()
+        if cfg.action_mode not in ("accel", "speed"):
+            raise ValueError(f"action_mode must be 'accel' or 'speed', got {cfg.action_mode!r}")
         if cfg.activation not in _ACT:
             raise ValueError(f"activation must be one of {sorted(_ACT)}, got {cfg.activation!r}")
         self.cfg = cfg
@@ -83,9 +110,7 @@ class PPOPolicy(nn.Module):
 
     def forward(self, state: Tensor) -> Tensor:
         """(B, obs_dim) raw state -> (B, 3) env action (steer, gas, brake)."""
-        a = self.policy_action(state)  # (B, 2)
-        steer, accel = a[:, 0], a[:, 1]
-        return torch.stack([steer, accel.clamp(min=0.0), self.cfg.brake_scale * (-accel).clamp(min=0.0)], dim=-1)
+        return to_env_action(self.policy_action(state), state[:, self.cfg.speed_index], self.cfg)
 
 
 class PPOExpert:
