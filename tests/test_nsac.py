@@ -267,3 +267,18 @@ def test_time_feature_drives_t_sample():
     torch.testing.assert_close(t[:, 0, 0, 0], torch.sigmoid(-x[:, 0]))
     with pytest.raises(ValueError, match="time_feature"):
         NSACConfig(encoder=EncoderConfig(kind="frames"), time_feature=0)
+
+
+def test_bench_attention_runs_and_writes_its_figures(tmp_path):
+    import json
+
+    from drive.cli import main
+
+    out = tmp_path / "bench.json"
+    args = ["--tokens", "8", "32", "--batch", "2", "--repeats", "1", "--warmup", "0", "--samples", "3"]
+    assert main(["bench", "attention", "--out", str(out), *args]) == 0
+    result = json.loads(out.read_text())
+    assert [r["n"] for r in result["attention"]] == [8, 32]
+    for row in result["attention"]:
+        assert row["nsac_cpu_ms"] > 0 and row["nsac_peak_mib"] > 0 and row["sdpa_block_peak_mib"] > 0
+    assert result["sampling"][0]["pooled_ratio"] > 0 and "profile_memory" in result["method"]["memory"]

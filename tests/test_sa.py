@@ -214,3 +214,21 @@ def test_bayesian_optimisation_finds_the_grid_search_optimum():
     assert sa_evaluate(model, x, y, result.nu, 8).loss <= 1.1 * best.loss
     assert result.slope == pytest.approx(-0.5, abs=0.1)  # dispersion ~ nu^-1/2
     assert [c["nu"] for c in result.curve] == sorted(c["nu"] for c in result.curve)
+
+
+def test_sa_on_a_registered_baseline_controller_and_calibration_through_its_moments():
+    from agents.encoders import EncoderConfig
+    from agents.gmle import GMLEConfig
+
+    torch.manual_seed(0)
+    model = GMLEConfig(encoder=EncoderConfig(kind="features", in_dim=4, d_model=16), out_dim=1).build().eval()
+    x = torch.randn(64, 4)
+    point = lambda m, x: m.moments(x, 1)[0][0]  # noqa: E731  the controller's point prediction f(x)
+    with torch.no_grad():
+        det = point(model, x)
+        with stochastic_attention(model, 2, torch.Generator().manual_seed(0)):
+            assert (point(model, x) - det).abs().max() > 1e-4  # its SelfAttention (SDPA) became stochastic
+        assert torch.equal(point(model, x), det)
+    y = det + 0.05 * torch.randn_like(det)
+    result = calibrate_nu(model, x, y, forward=point, n_passes=4, max_evals=6)
+    assert 2 <= result.nu <= 1 << 16 and len(result.curve) == result.n_evals and not is_stochastic(model)

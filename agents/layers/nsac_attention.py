@@ -24,6 +24,9 @@ Departures from the authors' public code, and why:
 - noise_scale defaults to 1, the paper's OU variance; the authors' code multiplies the noise by 0.1 (1e-4 in their
   CarRacing run) without saying so.
 - kappa and psi carry small floors so they stay > 0 in float32, where softplus underflows to exactly 0.
+- Sizes are ours: the backbone has max(8, d_h) neurons by default (ncps AutoNCP: 40 % of the non-motor neurons are
+  command neurons; Lechner et al.'s driving NCP had 19 neurons), shared by the heads; the sensory projections keep
+  1 - sparsity of their d x d synapses (ncps NCP sensory -> inter wiring with d inter neurons).
 
 Speed and memory (see `drive bench attention`):
 - Top-K keys are chosen from q.k scores computed without autograd in query chunks (at most `score_chunk` scores
@@ -54,8 +57,9 @@ from torch import Tensor, nn
 def ou_moments(kappa: Tensor, phi: Tensor, psi: Tensor, t: Tensor | float) -> tuple[Tensor, Tensor]:
     """Mean and variance at time t of da = kappa (phi - a) dt + psi dW, a(0) = 0 (expm1: exact for small kappa t)."""
     t = torch.as_tensor(t, dtype=kappa.dtype, device=kappa.device)
-    mu = phi * -torch.expm1(-kappa * t)
-    var = psi.square() * -torch.expm1(-2 * kappa * t) / (2 * kappa)
+    decay = -torch.expm1(-kappa * t)  # 1 - e^{-kt}
+    mu = phi * decay
+    var = psi.square() * (decay * (2 - decay)) / (2 * kappa)  # 1 - e^{-2kt} = (1 - e^{-kt})(1 + e^{-kt})
     return mu, var
 
 
@@ -148,8 +152,12 @@ class NSACAttention(nn.Module):
         self._last: dict[str, Tensor] = {}
 
     # -- pieces ----------------------------------------------------------------------------------------------------
-    def _heads(self, proj: MaskedLinear, x: Tensor) -> Tensor:  # (B, n, d) -> (B, n, H, dh), token-major
-        return proj(x).unflatten(-1, (self.n_heads, self.d_head))
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Sensory projections in one product: x (B, n, d) -> q, k, v (B, n, H, dh) each, token-major."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([p.masked_weight() for p in projs])  # (3d, d)
+        qkv = F.linear(x, weight, torch.cat([p.bias for p in projs]))  # (B, n, 3d)
+        return qkv.unflatten(-1, (3, self.n_heads, self.d_head)).unbind(-3)
 
     @torch.no_grad()
     def select_keys(self, q: Tensor, k: Tensor) -> Tensor:
@@ -218,7 +226,7 @@ class NSACAttention(nn.Module):
         """x (B, n, d) -> (S, B, n, 2d) = [mu_out ; s_out] per token; with readout (W (P, 2d), c (P,)): the map
         y = W mean_tokens(out) + c, (S, B, P). sample=False uses the mean logits mu (S = 1, no noise)."""
         b, n, _ = x.shape
-        q, k, v = self._heads(self.q_proj, x), self._heads(self.k_proj, x), self._heads(self.v_proj, x)
+        q, k, v = self.project(x)  # (B, n, H, dh) each
         idx = None if self.top_k is None else self.select_keys(q, k)  # (B, H, K, n)
         kappa, phi, psi = self.gates(q, k, idx)  # (B, H, K, n)
         t = self.time(t_sample, b)
