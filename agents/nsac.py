@@ -52,7 +52,7 @@ class NSACConfig:
     sparsity: float = 0.5
     """NCP wiring sparsity (ncps AutoNCP sparsity_level, 0.1-0.9)"""
     backbone_units: int = 0
-    """neurons of the NCP backbone (inter + command + 3 motor); 0 = the head width, at least 8"""
+    """neurons of the NCP backbone (inter + command + 3 motor); 0 = the head width, at least 16"""
     wiring_seed: int = 22222
     """seed of the NCP wirings (the masks are part of the model)"""
     noise_scale: float = 1.0

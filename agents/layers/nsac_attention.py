@@ -24,7 +24,7 @@ Departures from the authors' public code, and why:
 - noise_scale defaults to 1, the paper's OU variance; the authors' code multiplies the noise by 0.1 (1e-4 in their
   CarRacing run) without saying so.
 - kappa and psi carry small floors so they stay > 0 in float32, where softplus underflows to exactly 0.
-- Sizes are ours: the backbone has max(8, d_h) neurons by default (ncps AutoNCP: 40 % of the non-motor neurons are
+- Sizes are ours: the backbone has max(16, d_h) neurons by default (ncps AutoNCP: 40 % of the non-motor neurons are
   command neurons; Lechner et al.'s driving NCP had 19 neurons), shared by the heads; the sensory projections keep
   1 - sparsity of their d x d synapses (ncps NCP sensory -> inter wiring with d inter neurons).
 
@@ -141,7 +141,7 @@ class NSACAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj = (
             MaskedLinear(sensory_mask(d_model, d_model, sparsity, seed + i)) for i in range(3)
         )
-        units = backbone_units or max(8, self.d_head)
+        units = backbone_units or max(16, self.d_head)
         m1, m2, m3 = backbone_masks(2 * self.d_head, units, 3, sparsity, seed + 3)
         self.inter, self.command, self.motor = MaskedLinear(m1), MaskedLinear(m2), MaskedLinear(m3)
         self.t_a = nn.Parameter(torch.zeros(n_heads))
@@ -236,10 +236,8 @@ class NSACAttention(nn.Module):
         if self.sa_resample is not None:
             alpha = self.sa_resample(alpha.transpose(-1, -2)).transpose(-1, -2)
         keys = torch.arange(n, device=x.device).view(1, 1, n, 1).expand(b, self.n_heads, n, n) if idx is None else idx
-        self._last = {
-            "kappa": kappa, "phi": phi, "psi": psi, "mu": mu, "sigma2": var * self.noise_scale**2,
-            "attention": alpha.transpose(0, 1), "keys": keys, "t": t,
-        }  # fmt: skip
+        last = {"kappa": kappa, "phi": phi, "psi": psi, "mu": mu, "var": var, "attention": alpha, "keys": keys, "t": t}
+        self._last = {name: value.detach() for name, value in last.items()}  # views: no copy, no graph kept
         if readout is None:
             return self._mix_tokens(alpha, v, idx)
         return self._mix_pooled(alpha, v, idx, *readout)
@@ -275,8 +273,9 @@ class NSACAttention(nn.Module):
     def internals(self) -> dict[str, Tensor]:
         """The last forward, detached: kappa, phi, psi, mu, sigma2 (logit mean/var), keys (B, H, n, K);
         attention (S, B, H, n, K); t (1|B, H, 1, 1|n). Key slot k of query i is key `keys[.., i, k]`."""
-        out = {}
-        for name, value in self._last.items():
-            value = value.detach()
-            out[name] = value if name == "t" else value.transpose(-1, -2)
-        return out
+        last = dict(self._last)
+        if not last:
+            return {}
+        last["sigma2"] = last.pop("var") * self.noise_scale**2
+        last["attention"] = last["attention"].transpose(0, 1)  # (B, S, ..) -> (S, B, ..)
+        return {name: value if name == "t" else value.transpose(-1, -2) for name, value in last.items()}
