@@ -10,7 +10,8 @@ Per step (one row; `t` is the step index, the row describes the state the contro
     expert_*                                the shadow expert's action on the same state (NaN without one)
     latency_ms, fallback, fallback_score, fallback_threshold, fallback_signal
     for each internal tensor N of the controller (NSAC: kappa, phi, psi, mu = logit mean, sigma2 = logit variance,
-    attention = attention weights):
+    attention = attention weights, ou_time = the OU integration time per head; `keys`, the key index of each
+    slot, is kept as keys_values only):
         N            the summary: mean over heads, queries and keys (and samples, for attention)
         N_h{i}       the mean for head i
         N_values     every value, flattened (list<float32>); the shape is in the file metadata
