@@ -14,12 +14,18 @@ Hysteresis keeps the gate from chattering:
 While engaged, `mode="expert"` executes the shadow expert's action (it acts on the same state every step anyway),
 `mode="slow"` keeps the controller's steering but caps gas and brakes gently. Every intervention is logged (start
 step, end step, peak score) and counted.
+
+`resolve_threshold` finds the threshold for a checkpoint: given, stored in the checkpoint (extra["fallback"]), or
+calibrated now by driving nominal laps (`nominal_scores`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -165,3 +171,50 @@ class FallbackGate:
                 {"start": iv.start, "end": iv.end, "peak_score": float(iv.peak_score)} for iv in self.interventions
             ],
         }
+
+
+# -- calibration on nominal laps ---------------------------------------------------------------------------------
+def nominal_scores(policy: Any, seeds: Sequence[int], signal: str, env_kwargs: Mapping[str, Any]) -> np.ndarray:
+    """Per-step gate scores of the controller driving alone (no fallback) on `seeds`."""
+    if policy.fallback is not None:
+        raise ValueError("nominal laps run without a fallback")
+    from drive.rollout import make_env, rollout
+
+    scores: list[float] = []
+    env = make_env(**{**env_kwargs, "keep_raw": policy.needs_raw or env_kwargs.get("keep_raw", False)})
+    try:
+        rollout(env, policy, seeds=seeds, on_step=lambda r: scores.append(score(r.extras["epistemic_var"], signal)))
+    finally:
+        env.close()
+    return np.asarray(scores)
+
+
+def resolve_threshold(
+    path: str | Path,
+    cfg: FallbackConfig,
+    threshold: float | None = None,
+    calibrate_seeds: Sequence[int] = (),
+    n_samples: int | None = None,
+    seed: int = 0,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[float, str]:
+    """The fallback threshold and where it came from: given; stored in the checkpoint's extra["fallback"] (same
+    signal, quantile and samples); else calibrated now on nominal laps over `calibrate_seeds`, as the `cfg.quantile`
+    quantile of the controller's per-step score."""
+    if threshold is not None:
+        return float(threshold), "given"
+    from drive.checkpoint import read
+    from drive.policies import load_controller_policy
+
+    policy = load_controller_policy(path, n_samples, seed, shadow=None, env=(env_kwargs or {}).get("name", "carracing"))
+    stored = read(path, kind="controller").get("extra", {}).get("fallback") or {}
+    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples}
+    if stored and all(stored.get(k) == v for k, v in wanted.items()):
+        return float(stored["threshold"]), f"checkpoint (calibrated on seeds {stored.get('seeds')})"
+    if not calibrate_seeds:
+        raise ValueError(f"{path}: no fallback threshold stored for {wanted}; give one or seeds to calibrate on")
+    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs or {})
+    value = calibrate_threshold(values, cfg.quantile)
+    log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", value, cfg.quantile, len(values),
+             list(calibrate_seeds))  # fmt: skip
+    return value, f"calibrated on seeds {list(calibrate_seeds)} ({len(values)} nominal steps)"

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from drive.fallback import FallbackConfig
+from drive.fallback import FallbackConfig, resolve_threshold
 from drive.overlay import OverlayState, draw_overlay
-from drive.policies import load_controller_policy, resolve_threshold
+from drive.policies import load_controller_policy
 from drive.rollout import StepRecord, make_env, parse_seeds, rollout
 
 log = logging.getLogger(__name__)

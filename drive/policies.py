@@ -28,8 +28,8 @@ import torch
 from scipy import stats
 
 from agents.base import total_variance
-from drive.fallback import FallbackConfig, FallbackGate, calibrate_threshold, score
-from drive.rollout import PolicyOutput, make_env, parse_seeds, rollout
+from drive.fallback import FallbackConfig, FallbackGate, resolve_threshold, score
+from drive.rollout import PolicyOutput, parse_seeds
 
 log = logging.getLogger(__name__)
 
@@ -246,51 +246,6 @@ def load_controller_policy(
     expert = load_shadow(shadow, env)
     name = f"{payload['name']}:{Path(path).name}"
     return ControllerPolicy(model, n_samples, seed, expert, gate, name=name, coder=coder)
-
-
-def nominal_scores(
-    policy: ControllerPolicy, seeds: Sequence[int], signal: str, env_kwargs: Mapping[str, Any]
-) -> np.ndarray:
-    """Per-step gate scores of the controller driving alone (no fallback) on `seeds`."""
-    if policy.fallback is not None:
-        raise ValueError("nominal laps run without a fallback")
-    scores: list[float] = []
-    env = make_env(**{**env_kwargs, "keep_raw": policy.needs_raw or env_kwargs.get("keep_raw", False)})
-    try:
-        rollout(env, policy, seeds=seeds, on_step=lambda r: scores.append(score(r.extras["epistemic_var"], signal)))
-    finally:
-        env.close()
-    return np.asarray(scores)
-
-
-def resolve_threshold(
-    path: str | Path,
-    cfg: FallbackConfig,
-    threshold: float | None = None,
-    calibrate_seeds: Sequence[int] = (),
-    n_samples: int | None = None,
-    seed: int = 0,
-    env_kwargs: Mapping[str, Any] | None = None,
-) -> tuple[float, str]:
-    """The fallback threshold and where it came from: given; stored in the checkpoint's extra["fallback"] (same
-    signal, quantile and samples); else calibrated now on nominal laps over `calibrate_seeds`, as the `cfg.quantile`
-    quantile of the controller's per-step score."""
-    if threshold is not None:
-        return float(threshold), "given"
-    from drive.checkpoint import read
-
-    policy = load_controller_policy(path, n_samples, seed, shadow=None, env=(env_kwargs or {}).get("name", "carracing"))
-    stored = read(path, kind="controller").get("extra", {}).get("fallback") or {}
-    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples}
-    if stored and all(stored.get(k) == v for k, v in wanted.items()):
-        return float(stored["threshold"]), f"checkpoint (calibrated on seeds {stored.get('seeds')})"
-    if not calibrate_seeds:
-        raise ValueError(f"{path}: no fallback threshold stored for {wanted}; give one or seeds to calibrate on")
-    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs or {})
-    value = calibrate_threshold(values, cfg.quantile)
-    log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", value, cfg.quantile, len(values),
-             list(calibrate_seeds))  # fmt: skip
-    return value, f"calibrated on seeds {list(calibrate_seeds)} ({len(values)} nominal steps)"
 
 
 # -- `drive eval --policy ckpt:PATH` ---------------------------------------------------------------------------------
