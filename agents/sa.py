@@ -153,6 +153,8 @@ def calibrate_nu(
 
     for log_nu in np.linspace(math.log(lo), math.log(hi), n_init):
         evaluate(clip(log_nu))
+    if not any(e.dispersion > 0 for e in evals.values()):
+        raise RuntimeError("stochastic attention changed no output: the model has no attention SA can reach")
     previous, stable, converged = None, 0, False
     while len(evals) < max_evals:
         d_star = _target_dispersion(list(evals.values()), res)

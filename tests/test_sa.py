@@ -232,3 +232,10 @@ def test_sa_on_a_registered_baseline_controller_and_calibration_through_its_mome
     y = det + 0.05 * torch.randn_like(det)
     result = calibrate_nu(model, x, y, forward=point, n_passes=4, max_evals=6)
     assert 2 <= result.nu <= 1 << 16 and len(result.curve) == result.n_evals and not is_stochastic(model)
+
+
+def test_calibration_refuses_a_model_without_reachable_attention():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 2)).eval()
+    x = torch.randn(8, 3, 4)
+    with pytest.raises(RuntimeError, match="no attention"):
+        calibrate_nu(model, x, torch.randn(8, 2), n_passes=2)
