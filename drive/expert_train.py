@@ -23,8 +23,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from drive import checkpoint
-from sim_bridges.carracing import IDX, STATE_DIM, TRACK_HALF_WIDTH
+from drive.experts import export_policy, policy_config, save_expert
+from sim_bridges.carracing import IDX, TRACK_HALF_WIDTH
 
 log = logging.getLogger(__name__)
 
@@ -100,15 +100,6 @@ def parse_seeds(spec: str) -> list[int]:
         raise ValueError(f"seeds must look like '5000-5049' or '1,2,3', got {spec!r}") from exc
 
 
-def policy_config(cfg: Config, clip_obs: float = 10.0, obs_eps: float = 1e-8):
-    from agents.experts.ppo import PPOPolicyConfig
-
-    return PPOPolicyConfig(
-        obs_dim=STATE_DIM, hidden=tuple(cfg.hidden), activation="tanh", brake_scale=cfg.brake_scale,
-        action_mode=cfg.action_mode, speed_index=IDX["speed"], clip_obs=clip_obs, obs_eps=obs_eps,
-    )  # fmt: skip
-
-
 class PolicyAction(gym.Wrapper):
     """Expose the (steer, pedal) parametrisation of agents.experts.ppo to the learner (needs the current speed)."""
 
@@ -182,31 +173,6 @@ def _make_env(cfg: Config, rank: int):
         return env
 
     return thunk
-
-
-def export_policy(model, vecnorm, cfg: Config):
-    """SB3 policy + frozen VecNormalize -> our PPOPolicy (deterministic action path only)."""
-    import torch
-
-    from agents.experts.ppo import PPOPolicy
-
-    pcfg = policy_config(cfg, float(vecnorm.clip_obs), float(vecnorm.epsilon))
-    policy = PPOPolicy(pcfg)
-    policy.policy_net.load_state_dict(model.policy.mlp_extractor.policy_net.state_dict())
-    policy.action_net.load_state_dict(model.policy.action_net.state_dict())
-    policy.obs_mean.copy_(torch.as_tensor(vecnorm.obs_rms.mean, dtype=torch.float32))
-    policy.obs_var.copy_(torch.as_tensor(vecnorm.obs_rms.var, dtype=torch.float32))
-    return policy.eval(), pcfg
-
-
-def save_expert(path, policy, pcfg, metrics: dict, extra: dict) -> Path:
-    from sim_bridges.carracing import STATE_NAMES
-
-    return checkpoint.save(
-        path, kind="expert", name="ppo", config={**pcfg.to_dict(), "state_names": list(STATE_NAMES)},
-        module=policy, normalisation={"obs_mean": policy.obs_mean.tolist(), "obs_var": policy.obs_var.tolist()},
-        metrics=metrics, extra=extra,
-    )  # fmt: skip
 
 
 def _write_curve(run_dir: Path, history: list[dict]) -> None:

@@ -57,6 +57,42 @@ def load_ppo(path: str | Path):
     return PPOExpert(policy)
 
 
+def policy_config(cfg, clip_obs: float = 10.0, obs_eps: float = 1e-8):
+    """The exported policy's config from a `drive.expert_train.Config` (and the VecNormalize constants)."""
+    from agents.experts.ppo import PPOPolicyConfig
+    from sim_bridges.carracing import IDX, STATE_DIM
+
+    return PPOPolicyConfig(
+        obs_dim=STATE_DIM, hidden=tuple(cfg.hidden), activation="tanh", brake_scale=cfg.brake_scale,
+        action_mode=cfg.action_mode, speed_index=IDX["speed"], clip_obs=clip_obs, obs_eps=obs_eps,
+    )  # fmt: skip
+
+
+def export_policy(model, vecnorm, cfg):
+    """SB3 policy + frozen VecNormalize -> our PPOPolicy (deterministic action path only)."""
+    import torch
+
+    from agents.experts.ppo import PPOPolicy
+
+    pcfg = policy_config(cfg, float(vecnorm.clip_obs), float(vecnorm.epsilon))
+    policy = PPOPolicy(pcfg)
+    policy.policy_net.load_state_dict(model.policy.mlp_extractor.policy_net.state_dict())
+    policy.action_net.load_state_dict(model.policy.action_net.state_dict())
+    policy.obs_mean.copy_(torch.as_tensor(vecnorm.obs_rms.mean, dtype=torch.float32))
+    policy.obs_var.copy_(torch.as_tensor(vecnorm.obs_rms.var, dtype=torch.float32))
+    return policy.eval(), pcfg
+
+
+def save_expert(path, policy, pcfg, metrics: dict, extra: dict) -> Path:
+    from sim_bridges.carracing import STATE_NAMES
+
+    return checkpoint.save(
+        path, kind="expert", name="ppo", config={**pcfg.to_dict(), "state_names": list(STATE_NAMES)},
+        module=policy, normalisation={"obs_mean": policy.obs_mean.tolist(), "obs_var": policy.obs_var.tolist()},
+        metrics=metrics, extra=extra,
+    )  # fmt: skip
+
+
 def load_expert(name_or_path: str | Path) -> Expert:
     """'ppo' (the shipped checkpoint), 'pursuit', or a path to an expert checkpoint."""
     key = str(name_or_path)

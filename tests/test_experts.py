@@ -73,7 +73,8 @@ def test_export_reproduces_sb3_deterministic_actions(tmp_path):
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    from drive.expert_train import Config, PolicyAction, export_policy, policy_config, save_expert
+    from drive.expert_train import Config, PolicyAction
+    from drive.experts import export_policy, policy_config, save_expert
 
     cfg = Config(hidden=(16, 16))
     venv = VecNormalize(DummyVecEnv([lambda: PolicyAction(make_carracing(mode="state"), policy_config(cfg))]))
