@@ -121,3 +121,30 @@ def test_fallback_in_the_closed_loop_hands_control_to_the_shadow_expert():
     assert summary["fallback_steps"] == 10
     assert 0.0 <= summary["coverage90_steer"] <= 1.0
     assert summary["latency_ms_p95"] >= summary["latency_ms_p50"] > 0
+
+
+def test_threshold_comes_from_the_argument_the_checkpoint_or_nominal_laps(tmp_path):
+    from agents.encoders import EncoderConfig
+    from agents.nsac import NSACConfig
+    from agents.registry import config_to_dict
+    from drive import checkpoint
+    from drive.fallback import resolve_threshold
+
+    torch.manual_seed(0)
+    cfg = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    model = cfg.build()
+    plain, stored = tmp_path / "plain.pt", tmp_path / "stored.pt"
+    checkpoint.save(plain, kind="controller", name="nsac", config=config_to_dict(cfg), module=model)
+    fb = {"threshold": 0.0123, "signal": "steer", "quantile": 0.99, "n_samples": 32, "seeds": [7]}
+    checkpoint.save(stored, kind="controller", name="nsac", config=config_to_dict(cfg), module=model,
+                    extra={"fallback": fb})  # fmt: skip
+    env = {"name": "fake-road", "max_episode_steps": 30}
+    assert resolve_threshold(plain, FallbackConfig(), 0.5, env_kwargs=env) == (0.5, "given")
+    value, origin = resolve_threshold(stored, FallbackConfig(), env_kwargs=env)
+    assert value == pytest.approx(0.0123) and "checkpoint" in origin
+    # a stored value for another quantile does not apply: calibrate on nominal laps instead
+    with pytest.raises(ValueError, match="no fallback threshold stored"):
+        resolve_threshold(stored, FallbackConfig(quantile=0.9), env_kwargs=env)
+    value, origin = resolve_threshold(plain, FallbackConfig(quantile=0.9), calibrate_seeds=[3], n_samples=8,
+                                      env_kwargs=env)  # fmt: skip
+    assert value >= 0 and "calibrated on seeds [3] (30 nominal steps)" in origin
