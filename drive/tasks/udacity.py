@@ -18,8 +18,8 @@ and test frames are the center camera as recorded, never augmented.
 
 Evaluation (`test` in metrics.json): `drive.metrics.regression_report` (MSE, NLL, CRPS, ECE, PIT, coverage, ...)
 on the test blocks, plus the MSE of predicting the training mean steering, for scale, and the same per test block
-(`test.per_block`): on the staged recording block 7 is a crash-and-recovery stretch (near-zero speed, full lock
-left and right, steering variance 0.63 against 0.11 in training), block 2 ordinary lake-track driving.
+(`test.per_block`): on the staged recording block 2 is ordinary lake-track driving, block 7 a slow multi-point turn
+at a "road closed" barrier (full lock left and right, steering variance 0.63 against 0.11 in training).
 
 Options (`--set task.KEY=VALUE`): n_blocks (10), test_blocks ("2,7"), val_blocks ("9"), gap (10), augment (true),
 p_augment (0.6), max_rows (0 = all; a prefix of the log, for smoke runs), eval_samples (0: the controller's
@@ -77,7 +77,8 @@ class UdacityFrames(torch.utils.data.Dataset):
         self.targets = torch.from_numpy(log.steering[self.rows]).float().unsqueeze(1)  # (N, 1), recorded steering
         self._bytes: dict = {}  # JPEG bytes by path: 4,500 frames are ~50 MB compressed, ~700 MB decoded
         if augment_cfg is None:
-            x = np.stack([preprocess(self._frame(log.center[r])) for r in tqdm(self.rows, desc="frames", leave=False)])
+            rows = tqdm(self.rows, desc="frames", leave=False, disable=None)  # disable=None: silent when not a tty
+            x = np.stack([preprocess(self._frame(log.center[r])) for r in rows])  # (N, 3, 66, 200)
             self.tensors = (torch.from_numpy(x), self.targets)  # (N, 3, 66, 200) uint8, (N, 1)
             self._bytes.clear()
 
