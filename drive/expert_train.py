@@ -42,7 +42,7 @@ class Config:
     seed: int = 0
     """Seed for PPO and the training workers' track streams."""
     resume: bool = False
-    """Continue a killed run from run_dir/sb3_last.zip and vecnorm_last.pkl."""
+    """Continue a killed run from its last evaluation (run_dir/sb3_last.zip, vecnorm_last.pkl, eval.json)."""
     eval_every: int = 250_000
     """Evaluate (and maybe keep) the deterministic policy every this many steps."""
     eval_seeds: str = "5000-5049"
