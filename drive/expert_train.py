@@ -87,6 +87,8 @@ class Config:
     """Largest brake the policy can apply (0.9 and above locks the wheels)."""
     evaluate: str = ""
     """If set ('ppo', 'pursuit' or a checkpoint path): score that expert on eval_seeds (state mode), no training."""
+    evaluate_pixels: bool = False
+    """With --evaluate: drive the pixel env (fast renderer) instead of state mode; same returns, slower."""
 
 
 def parse_seeds(spec: str) -> list[int]:
@@ -202,12 +204,13 @@ def _evaluate_only(cfg: Config) -> int:
     from drive.experts import episode_returns, load_expert, summarise
 
     seeds = parse_seeds(cfg.eval_seeds)
-    results = episode_returns(load_expert(cfg.evaluate), seeds, mode="state")
+    mode = "pixels" if cfg.evaluate_pixels else "state"
+    results = episode_returns(load_expert(cfg.evaluate), seeds, mode=mode)
     for row in results:
         print(f"seed {row['seed']}: return {row['return']:.1f}  steps {row['steps']}  progress {row['progress']:.3f}")
     s = summarise(results)
     print(
-        f"{cfg.evaluate} on {cfg.eval_seeds} (state mode): mean {s['mean']:.1f} std {s['std']:.1f} min {s['min']:.1f}"
+        f"{cfg.evaluate} on {cfg.eval_seeds} ({mode} mode): mean {s['mean']:.1f} std {s['std']:.1f} min {s['min']:.1f}"
     )
     return 0
 
