@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 class Config:
     run_dir: Path = Path("runs/expert_ppo")
     """Run directory: config, evaluation curve, resumable SB3 state, best checkpoint."""
-    out: Path = Path("checkpoints/expert_ppo.pt")
-    """Where the best held-out checkpoint is exported (our format)."""
+    out: Path | None = None
+    """Where the best held-out checkpoint is exported (our format); default RUN_DIR/expert.pt. Never defaults to
+    the shipped checkpoints/expert_ppo.pt, so a new run cannot overwrite it by accident."""
     total_steps: int = 3_000_000
     """Environment steps to train for (all workers together)."""
     n_envs: int = 2
@@ -217,6 +218,8 @@ def _evaluate_only(cfg: Config) -> int:
 
 def run(cfg: Config) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if cfg.out is None:
+        cfg = dataclasses.replace(cfg, out=cfg.run_dir / "expert.pt")
     if cfg.evaluate:
         return _evaluate_only(cfg)
     import torch
