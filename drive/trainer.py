@@ -2,8 +2,9 @@
 
     fit(model, train, val, cfg, run_dir, info) -> FitResult
 
-AdamW with gradient clipping; target standardisation fitted on the training targets (`Controller.set_target_stats`);
-validation NLL of the predictive Gaussian (mean, aleatoric + epistemic variance) each epoch, early stopping on it.
+AdamW with gradient clipping and a per-step cosine learning-rate schedule (or constant); target standardisation
+fitted on the training targets (`Controller.set_target_stats`); validation NLL of the predictive Gaussian (mean,
+aleatoric + epistemic variance) each epoch, early stopping on it.
 The run directory receives
     config.json      trainer config, controller name and config, data fingerprint
     metrics.jsonl    one line per epoch (train loss, val nll/mse, lr, seconds)
