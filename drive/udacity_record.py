@@ -64,10 +64,16 @@ class DrivingLogWriter:
         self.n_frames = 0
 
     def _name(self) -> str:
-        ms = max(int(time.time() * 1000), self._last_ms + 1)  # unique and increasing, like the simulator's names
-        self._last_ms = ms
-        t = time.localtime(ms // 1000)
-        return f"center_{time.strftime('%Y_%m_%d_%H_%M_%S', t)}_{ms % 1000:03d}.jpg"
+        # Unique and increasing, like the simulator's names. Earlier writes may have run ahead of the clock (several
+        # frames in one millisecond), so a reopened log must also skip names already on disk: never overwrite.
+        ms = max(int(time.time() * 1000), self._last_ms + 1)
+        while True:
+            t = time.localtime(ms // 1000)
+            name = f"center_{time.strftime('%Y_%m_%d_%H_%M_%S', t)}_{ms % 1000:03d}.jpg"
+            if not (self.img / name).exists():
+                self._last_ms = ms
+                return name
+            ms += 1
 
     def write(self, jpeg: bytes, steering: float, throttle: float, brake: float, speed: float) -> Path:
         path = self.img / self._name()
