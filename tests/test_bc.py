@@ -158,3 +158,35 @@ def test_collect_train_eval_replay(demos, tmp_path):
     video = tmp_path / "replay.mp4"
     assert main(["replay", str(trace), "--out", str(video)]) == 0
     assert len(read_video(video)) == steps
+
+
+def test_dagger_aggregates_expert_labelled_clone_episodes(demos, tmp_path):
+    from agents.encoders import EncoderConfig
+    from agents.nsac import NSACConfig
+    from agents.registry import config_to_dict
+    from drive import checkpoint
+    from drive.dagger import Config, aggregate
+    from sim_bridges.fake_road import FakeRoadDriver
+
+    torch.manual_seed(0)
+    cfg = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    ckpt = tmp_path / "clone.pt"
+    checkpoint.save(ckpt, kind="controller", name="nsac", config=config_to_dict(cfg), module=cfg.build())
+    out = tmp_path / "agg"
+    run = Config(ckpt=ckpt, data=demos, out=out, seeds="50-51", beta=0.5, workers=1, max_episode_steps=40,
+                 env="fake-road", progress=False)  # fmt: skip
+    aggregate(run)
+    data = Demonstrations(out)
+    assert data.seeds == [0, 1, 2, 3, 4, 5, 50, 51]
+    assert np.array_equal(data.load(3).label, Demonstrations(demos).load(3).label)  # originals carried over
+    new = data.load(50)
+    assert new.meta["dagger"] and new.raw is not None and len(new) == 40
+    expert = FakeRoadDriver()
+    labels = np.stack([expert.act(state) for state in new.state])
+    np.testing.assert_allclose(new.label, labels, atol=1e-6)  # the expert labels every visited state
+    executed_expert = np.all(np.isclose(new.action, np.clip(new.label, [-1, 0, 0], [1, 1, 1])), axis=1)
+    assert 0.2 < executed_expert.mean() < 0.8  # beta = 0.5: the clone drives about half the steps
+    with pytest.raises(ValueError, match="exists"):
+        aggregate(run)
+    with pytest.raises(ValueError, match="already in"):
+        aggregate(Config(ckpt=ckpt, data=demos, out=tmp_path / "b", seeds="5-6", env="fake-road", progress=False))
