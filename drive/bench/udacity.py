@@ -27,8 +27,8 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Config:
-    checkpoint: str = ""
-    """a trained controller checkpoint (default: an untrained controller from the registry)"""
+    checkpoint: str = "checkpoints/udacity_nsac.pt"
+    """a trained controller checkpoint (default: the shipped Udacity NSAC); '' measures an untrained controller"""
     controller: str = "nsac"
     """registry name of the untrained controller"""
     d_model: int = 32
@@ -63,7 +63,10 @@ def _model(cfg: Config):
     if cfg.checkpoint:
         from drive.checkpoint import load_controller
 
-        return load_controller(cfg.checkpoint)[0], cfg.checkpoint
+        path = Path(cfg.checkpoint)
+        if not path.is_absolute() and not path.exists():  # the shipped default, run from outside the checkout
+            path = Path(__file__).resolve().parents[2] / path
+        return load_controller(path)[0], str(cfg.checkpoint)
     from agents.encoders import EncoderConfig
     from agents.registry import CONTROLLERS, build_controller
 
