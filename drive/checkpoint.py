@@ -58,15 +58,20 @@ def save(
         "metrics": metrics or {},
         "extra": extra or {},
     }
+    atomic_torch_save(payload, path)
+    return path
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """torch.save to a temp file beside `path`, then rename: readers never see a half-written file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(payload, tmp)
+        torch.save(obj, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return path
 
 
 def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:

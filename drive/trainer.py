@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import random
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,17 +167,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
@@ -255,7 +243,7 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
                             "scheduler": scheduler.state_dict(), "rng": _rng_state(), "history": history,
                             "best": best, "best_epoch": best_epoch, "bad_epochs": bad_epochs,
                             "stopped": stopped}  # fmt: skip
-            _atomic_save(resume_state, resume_path)
+            checkpoint.atomic_torch_save(resume_state, resume_path)
             log.info("epoch %d/%d  loss %.4f  val nll %.4f  val mse %.5f%s", epoch, cfg.epochs, train_loss, val_nll,
                      val_mse, "  *" if improved else "")  # fmt: skip
             if stopped:
