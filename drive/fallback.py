@@ -218,3 +218,47 @@ def resolve_threshold(
     log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", value, cfg.quantile, len(values),
              list(calibrate_seeds))  # fmt: skip
     return value, f"calibrated on seeds {list(calibrate_seeds)} ({len(values)} nominal steps)"
+
+
+def store_threshold(path: str | Path, cfg: FallbackConfig, calibrate_seeds: Sequence[int], n_samples: int | None = None,
+                    env_kwargs: Mapping[str, Any] | None = None) -> float:  # fmt: skip
+    """Calibrate on nominal laps and write the threshold into the checkpoint's extra["fallback"] (atomically), so
+    `drive eval --fallback` and `drive drive --fallback` use it without driving the nominal laps again."""
+    from drive import checkpoint
+    from drive.policies import load_controller_policy
+
+    payload = checkpoint.read(path, kind="controller")
+    policy = load_controller_policy(path, n_samples, 0, shadow=None, env=(env_kwargs or {}).get("name", "carracing"))
+    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs or {})
+    value = calibrate_threshold(values, cfg.quantile)
+    extra = {**payload["extra"], "fallback": {"threshold": value, "signal": cfg.signal, "quantile": cfg.quantile,
+                                              "n_samples": policy.n_samples, "seeds": list(map(int, calibrate_seeds)),
+                                              "n_steps": int(len(values))}}  # fmt: skip
+    checkpoint.save(path, kind="controller", name=payload["name"], config=payload["config"], module=policy.model,
+                    normalisation=payload["normalisation"], data=payload["data"], metrics=payload["metrics"],
+                    extra=extra)  # fmt: skip
+    return value
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    ckpt: Path
+    """controller checkpoint to calibrate (rewritten with the threshold in extra["fallback"])"""
+    seeds: str = "2000-2004"
+    """nominal laps: track seeds apart from training and evaluation seeds"""
+    quantile: float = 0.99
+    """the threshold is this quantile of the per-step epistemic variance on the nominal laps"""
+    signal: str = "steer"
+    """steer, gas, brake or sum"""
+    samples: int | None = None
+    """stochastic samples per step (default: the controller's own)"""
+
+
+if __name__ == "__main__":  # python -m drive.fallback --ckpt PATH
+    import tyro
+
+    from drive.rollout import parse_seeds
+
+    c = tyro.cli(CalibrateConfig)
+    t = store_threshold(c.ckpt, FallbackConfig(quantile=c.quantile, signal=c.signal), parse_seeds(c.seeds), c.samples)
+    print(f"{c.ckpt}: fallback threshold {t:.4g} (q={c.quantile} of {c.signal} epistemic variance on seeds {c.seeds})")

@@ -148,3 +148,13 @@ def test_threshold_comes_from_the_argument_the_checkpoint_or_nominal_laps(tmp_pa
     value, origin = resolve_threshold(plain, FallbackConfig(quantile=0.9), calibrate_seeds=[3], n_samples=8,
                                       env_kwargs=env)  # fmt: skip
     assert value >= 0 and "calibrated on seeds [3] (30 nominal steps)" in origin
+    # stored in the checkpoint, it is found again without driving; the weights are untouched
+    from drive.fallback import store_threshold
+
+    before = checkpoint.read(plain)["state_dict"]
+    stored_value = store_threshold(plain, FallbackConfig(quantile=0.9), [3], n_samples=8, env_kwargs=env)
+    assert stored_value == pytest.approx(value)
+    again, origin = resolve_threshold(plain, FallbackConfig(quantile=0.9), n_samples=8, env_kwargs=env)
+    assert again == pytest.approx(value) and "checkpoint" in origin
+    after = checkpoint.read(plain)["state_dict"]
+    assert all(torch.equal(before[k], after[k]) for k in before)
