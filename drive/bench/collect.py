@@ -48,10 +48,11 @@ class Config:
     """step limit per episode"""
 
 
-def _loop(env, n_steps: int, act) -> tuple[int, float]:
-    """(frames, wall seconds) of a plain reset/step loop; act(obs, info) -> action."""
-    obs, info = env.reset(seed=0)
-    seed, start = 0, time.perf_counter()
+def _loop(env, n_steps: int, act, first_seed: int) -> tuple[int, float]:
+    """(frames, wall seconds) of a plain reset/step loop on tracks first_seed, first_seed + 1, ...; act(obs, info).
+    Every loop and the collect runs drive the same tracks: a frame's render cost depends on the track."""
+    obs, info = env.reset(seed=first_seed)
+    seed, start = first_seed, time.perf_counter()
     for _ in range(n_steps):
         obs, _, terminated, truncated, info = env.step(act(obs, info))
         if terminated or truncated:
@@ -60,28 +61,28 @@ def _loop(env, n_steps: int, act) -> tuple[int, float]:
     return n_steps, time.perf_counter() - start
 
 
-def stock_loop(n_steps: int) -> tuple[int, float]:
+def stock_loop(n_steps: int, first_seed: int) -> tuple[int, float]:
     import gymnasium as gym
 
     env = gym.make("CarRacing-v3")
     env.action_space.seed(0)
     try:
-        return _loop(env, n_steps, lambda obs, info: env.action_space.sample())
+        return _loop(env, n_steps, lambda obs, info: env.action_space.sample(), first_seed)
     finally:
         env.close()
 
 
-def fast_loop(n_steps: int, expert: str | None, max_episode_steps: int) -> tuple[int, float]:
+def fast_loop(n_steps: int, expert: str | None, max_episode_steps: int, first_seed: int) -> tuple[int, float]:
     from sim_bridges.carracing import make_carracing
 
     env = make_carracing(mode="pixels", fast_render=True, max_episode_steps=max_episode_steps)
     try:
         if expert is None:
             env.action_space.seed(0)
-            return _loop(env, n_steps, lambda obs, info: env.action_space.sample())
+            return _loop(env, n_steps, lambda obs, info: env.action_space.sample(), first_seed)
         policy = load_expert_policy(expert)
         policy.reset()
-        return _loop(env, n_steps, policy.act)
+        return _loop(env, n_steps, policy.act, first_seed)
     finally:
         env.close()
 
@@ -116,11 +117,11 @@ def run(cfg: Config) -> int:
     fps: dict[str, float] = {}
     per_cpu: dict[str, float] = {}  # frames per CPU-second: what the loop costs, whatever else runs on the machine
     load_before = os.getloadavg()[0]
-    n, limit = cfg.steps, cfg.max_episode_steps
+    n, limit, s0 = cfg.steps, cfg.max_episode_steps, cfg.first_seed
     plan = [
-        ("stock", "stock CarRacing-v3, random actions", lambda: stock_loop(n)),
-        ("fast_random", "fast renderer bridge, random actions", lambda: fast_loop(n, None, limit)),
-        ("fast_expert", f"fast renderer bridge, {cfg.expert} expert", lambda: fast_loop(n, cfg.expert, limit)),
+        ("stock", "stock CarRacing-v3, random actions", lambda: stock_loop(n, s0)),
+        ("fast_random", "fast renderer bridge, random actions", lambda: fast_loop(n, None, limit, s0)),
+        ("fast_expert", f"fast renderer bridge, {cfg.expert} expert", lambda: fast_loop(n, cfg.expert, limit, s0)),
         ("collect1", f"drive collect, {cfg.expert}, 1 worker", lambda: collect_run(1, cfg)),
         ("collect2", f"drive collect, {cfg.expert}, 2 workers", lambda: collect_run(2, cfg)),
     ]
