@@ -3,8 +3,12 @@ the same track seeds, beside the expert. Run `python -m drive.results --runs DIR
 
 Layout read (written by `drive train --out DIR/<controller>` and `drive eval --out DIR/<controller>/eval.json`):
 
-    DIR/<controller>/metrics.json   offline metrics on held-out demonstration episodes ("test" split)
+    DIR/<controller>/metrics.json   offline metrics on held-out demonstration episodes ("test" split) of best.pt
     DIR/<controller>/eval.json      closed-loop evaluation with the shadow expert (mean_return, coverage90_steer, ...)
+
+With `--checkpoint last` (a fixed training budget: every controller's last epoch drives), the offline metrics are
+those of last.pt, computed on the same test episodes (drive/tasks/demos.py `checkpoint_test_report`) and cached in
+DIR/<controller>/offline_last.json; eval.json must then come from last.pt too.
 
 Columns: closed-loop return (mean +- std, min, and as a share of the expert's mean), laps finished, the shadow expert's
 steering coverage by the controller's 50 % / 90 % intervals and the NLL of its action (on-policy calibration), the
@@ -30,6 +34,8 @@ class Config:
     """`drive eval --policy expert:ppo --out` JSON on the same seeds (the reference return)"""
     out: Path | None = None
     """also write the table (markdown) here"""
+    checkpoint: str = "best"
+    """which checkpoint the table describes: best (lowest validation NLL, drive train's report) or last"""
 
 
 def _load(path: Path) -> dict | None:
@@ -40,7 +46,19 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def table(runs: Path, expert_eval: Path | None = None) -> str:
+def offline(run: Path, checkpoint: str) -> dict:
+    """The offline test metrics of RUN/<checkpoint>.pt."""
+    if checkpoint == "best":
+        return ((_load(run / "metrics.json") or {}).get("test")) or {}
+    cache = run / f"offline_{checkpoint}.json"
+    if not cache.is_file():
+        from drive.tasks.demos import checkpoint_test_report
+
+        cache.write_text(json.dumps(checkpoint_test_report(run / f"{checkpoint}.pt"), indent=1))
+    return json.loads(cache.read_text())
+
+
+def table(runs: Path, expert_eval: Path | None = None, checkpoint: str = "best") -> str:
     expert = _load(expert_eval) if expert_eval is not None else None
     ref = expert["mean_return"] if expert else None
     head = ("| controller | return mean ± std | min | % of expert | laps | cov50 steer | cov90 steer | NLL expert | "
@@ -57,7 +75,7 @@ def table(runs: Path, expert_eval: Path | None = None) -> str:
         ev, met = _load(runs / name / "eval.json"), _load(runs / name / "metrics.json")
         if ev is None and met is None:
             continue
-        test = (met or {}).get("test", {})
+        test = offline(runs / name, checkpoint) if met is not None else {}
         fit = (met or {}).get("fit", {})
         share = None if not (ev and ref) else 100 * ev["mean_return"] / ref
         cells = [
@@ -82,7 +100,7 @@ def table(runs: Path, expert_eval: Path | None = None) -> str:
 
 
 def run(cfg: Config) -> int:
-    text = table(cfg.runs, cfg.expert_eval)
+    text = table(cfg.runs, cfg.expert_eval, cfg.checkpoint)
     print(text)
     if cfg.out is not None:
         Path(cfg.out).write_text(text + "\n")

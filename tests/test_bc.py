@@ -108,6 +108,12 @@ def test_collect_train_eval_replay(demos, tmp_path):
         assert np.isfinite(report["test"][key]), key
         for action in ("steer", "gas", "brake"):
             assert np.isfinite(report["test"]["per_action"][action][key])
+    # any checkpoint of the run (here best.pt again) gets the same offline report from its fingerprint alone
+    from drive.tasks.demos import checkpoint_test_report
+
+    again = checkpoint_test_report(run / "best.pt")
+    assert again["mse"] == pytest.approx(report["test"]["mse"], rel=1e-6)
+    assert again["per_action"]["steer"]["nll"] == pytest.approx(report["test"]["per_action"]["steer"]["nll"], rel=1e-6)
     # normalisation fitted on the training episodes only, saved with the weights
     train_seeds = report["test"] and json.loads((run / "config.json").read_text())["data"]["train_seeds"]
     labels = np.concatenate([Demonstrations(demos).load(s).label for s in train_seeds])

@@ -230,6 +230,22 @@ def offline_report(model, dataset: StackDataset, batch_size: int = 256, seed: in
     return {**report, "per_action": per_action}
 
 
+def checkpoint_test_report(path: str | Path, seed: int = 0) -> dict:
+    """The offline test metrics of any checkpoint trained on this task (e.g. last.pt, which `drive train` does not
+    report), on the test episodes and observation coding its data fingerprint names."""
+    from drive.checkpoint import load_controller
+
+    model, payload = load_controller(path)
+    fp = payload.get("data", {})
+    missing = [k for k in ("path", "test_seeds") if k not in fp]
+    if fp.get("task") != "demos" or missing:
+        raise ValueError(f"{path}: not trained on task demos (data fingerprint lacks {missing or 'task=demos'})")
+    root = Path(fp.get("test_data", fp["path"]))
+    source, name = fp.get("frames", "bridge"), fp.get("input", "frames")
+    test = _gather(Demonstrations(root, include_flagged=True), fp["test_seeds"], 1, input_transform(name), source)
+    return offline_report(model, test, seed=seed)
+
+
 def build(cfg: TaskConfig) -> TaskData:
     cfg.check_known(OPTIONS)
     root = cfg.require_data()
