@@ -50,7 +50,7 @@ class Config:
     samples: int | None = None
     """ckpt: stochastic samples per step (default: the controller's own, 32 for NSAC)"""
     shadow: str | None = None
-    """ckpt: shadow expert acting on the controller's states (default ppo; pursuit on fake-road; none: off)"""
+    """ckpt: shadow expert on the controller's states (default: the expert that labelled its data; none: off)"""
     fallback: Literal["off", "expert", "slow"] = "off"
     """ckpt: uncertainty-gated fallback; when on, every seed also runs without it and both returns are reported"""
     fallback_threshold: float | None = None

@@ -249,9 +249,20 @@ def load_controller_policy(
 
 
 # -- `drive eval --policy ckpt:PATH` ---------------------------------------------------------------------------------
-def default_shadow(shadow: str | None, env: str) -> str | None:
-    """None -> the env's reference expert (ppo on CarRacing, pursuit on the fake road); 'none' or '' -> no shadow."""
+def default_shadow(shadow: str | None, env: str, path: str | None = None) -> str | None:
+    """None -> the expert that labelled the checkpoint's training demonstrations (recorded in its data fingerprint),
+    else the env's reference expert (ppo on CarRacing, pursuit on the fake road); 'none' or '' -> no shadow.
+
+    The shadow must be the labelling expert: on-policy calibration asks whether the controller's intervals cover the
+    action it was taught to imitate. (The PPO expert's steering chatters between the locks while pursuit's is smooth,
+    so a controller cloned from pursuit covers PPO's steering almost never, however well it drives.)"""
     if shadow is None:
+        if path is not None and env == "carracing":
+            from drive.checkpoint import read
+
+            expert = read(path, kind="controller").get("data", {}).get("expert")
+            if isinstance(expert, str) and expert in ("ppo", "pursuit"):
+                return expert
         return "pursuit" if env == "fake-road" else "ppo"
     return None if shadow.lower() in ("", "none", "off") else shadow
 
@@ -267,7 +278,8 @@ def ckpt_policy(
 ) -> ControllerPolicy:
     """The `ckpt:PATH` builder of drive/evaluate.py (runs in eval workers, so options are primitives)."""
     gate_cfg = None if fallback == "off" else FallbackConfig(mode=fallback)
-    return load_controller_policy(path, samples, seed, default_shadow(shadow, env), gate_cfg, fallback_threshold, env)
+    shadow = default_shadow(shadow, env, path)
+    return load_controller_policy(path, samples, seed, shadow, gate_cfg, fallback_threshold, env)
 
 
 def evaluate_controller(cfg: Any, seeds: Sequence[int], env_settings: dict[str, Any]) -> dict[str, Any]:
@@ -278,7 +290,7 @@ def evaluate_controller(cfg: Any, seeds: Sequence[int], env_settings: dict[str, 
     from drive.pool import run_tasks
 
     _, path = parse_policy_spec(cfg.policy)
-    shadow = default_shadow(cfg.shadow, cfg.env)
+    shadow = default_shadow(cfg.shadow, cfg.env, path)
     options = {"samples": cfg.samples, "shadow": shadow or "none", "seed": cfg.seed}
     out: dict[str, Any] = {"policy": cfg.policy, "env": cfg.env, "seeds": list(seeds),
                            "max_episode_steps": cfg.max_episode_steps, "shadow": shadow}  # fmt: skip
