@@ -2,12 +2,20 @@
 
 Razzaq et al., "Neuronal Stochastic Attention Circuit for Probabilistic Representation Learning". The attention layer
 (agents/layers/nsac_attention.py) turns every attention logit into the closed-form state of an Ornstein-Uhlenbeck
-process with input-dependent gates kappa, phi, psi and samples it; its output [mu_out ; s_out] is mean-pooled over
-tokens and read out by two linear heads, mean = W_m pool(mu_out) + b_m and log-std = W_s pool(s_out) + b_s, so each
-stochastic pass s gives a Gaussian N(mu_s, sigma_s^2) per target (sigma^2 = exp(2 log-std), log-std clamped to
-[-7, 7]). The base class turns S passes into mean, aleatoric E_s[sigma_s^2] and epistemic Var_s[mu_s].
-The readout is linear, so it is folded into the attention layer and the S passes cost one batched matmul after the
-gates (computed once); the encoder runs once per input.
+process with input-dependent gates kappa, phi, psi and samples it; its output per token is [mu_out ; s_out]
+(mean and log-std features, 2 d wide). Around it the controller is the baselines' block with the attention swapped,
+so a comparison changes exactly one thing:
+
+    tokens = encoder(x)                                         (B, T, d), computed once for all S samples
+    m_s, r_s = mean_tokens(NSACAttention_s(LN(tokens)))         (S, B, d) each: the mu_out and s_out halves
+    mean_s   = W_m GELU(A_m LN(mean_tokens(tokens) + m_s))      residual + TokenReadout, as the baselines
+    logstd_s = W_s GELU(A_s LN(mean_tokens(tokens) + r_s))      clamped to [-7, 7]; sigma_s^2 = exp(2 logstd_s)
+
+so each stochastic pass s gives a Gaussian N(mean_s, sigma_s^2) per target; the base class turns S passes into mean,
+aleatoric E_s[sigma_s^2] and epistemic Var_s[mean_s]. Everything between the softmax and the token mean is linear,
+so the layer pools each sample in one batched matmul (its `readout` path); only the small readout runs per sample.
+(An earlier version read mean and log-std out linearly: the prediction was then a convex combination of linear maps
+of the frame tokens — it could not form differences between frames, cloned worse and drove far worse.)
 
 Loss (exact form), with N = n_passes >= 2 stochastic passes on the clean batch x and N on a perturbed copy:
     NLL   = mean over passes, batch and targets of the Gaussian NLL of y under N(mu_s, sigma_s^2)
@@ -34,6 +42,7 @@ from torch import Tensor, nn
 
 from agents.base import Controller, gaussian_nll
 from agents.encoders import EncoderConfig, build_encoder
+from agents.layers.attention import TokenReadout
 from agents.layers.nsac_attention import NSACAttention
 
 LOG_STD_MIN, LOG_STD_MAX = -7.0, 7.0
@@ -101,11 +110,15 @@ class NSAC(Controller):
         self.cfg = cfg
         d = cfg.encoder.d_model
         self.encoder = build_encoder(cfg.encoder)
+        self.norm = nn.LayerNorm(d)
         self.attention = NSACAttention(
             d, cfg.n_heads, cfg.top_k or None, cfg.sparsity, cfg.backbone_units, cfg.noise_scale, cfg.wiring_seed
         )
+        self.mean_readout, self.log_std_readout = TokenReadout(d), TokenReadout(d)
         self.mean_head = nn.Linear(d, cfg.out_dim)
         self.log_std_head = nn.Linear(d, cfg.out_dim)
+        # the layer's pooled path with an identity readout: the token-mean of [mu_out ; s_out] per sample
+        self.register_buffer("pool_identity", torch.eye(2 * d), persistent=False)
         self.last_loss: dict[str, float] = {}
 
     def _times(self, x: Tensor) -> Tensor | None:
@@ -113,16 +126,21 @@ class NSAC(Controller):
             return None
         return x[..., self.cfg.time_feature]  # features: (B,) for every token; sequence: (B, T)
 
-    def _readout(self) -> tuple[Tensor, Tensor]:
-        # block-diagonal: the mean head reads mu_out (first d outputs), the log-std head reads s_out (last d)
-        weight = torch.block_diag(self.mean_head.weight, self.log_std_head.weight)  # (2D, 2d)
-        return weight, torch.cat([self.mean_head.bias, self.log_std_head.bias])
+    def head(
+        self, x: Tensor, n_samples: int, generator: torch.Generator | None = None, sample: bool = True
+    ) -> tuple[Tensor, Tensor]:
+        """Standardised per-sample moments (S, B, D) each; sample=False: the mean-logit pass (S = 1, no noise)."""
+        tokens = self.encoder(x)  # (B, T, d), once for all samples
+        readout = (self.pool_identity, self.pool_identity.new_zeros(len(self.pool_identity)))
+        pooled = self.attention(self.norm(tokens), n_samples, generator, self._times(x), readout, sample)  # (S, B, 2d)
+        mu_out, s_out = pooled.chunk(2, dim=-1)  # (S, B, d) each
+        base = tokens.mean(1)  # (B, d): the residual path
+        mu = self.mean_head(self.mean_readout.pooled(base + mu_out))  # (S, B, D)
+        log_std = self.log_std_head(self.log_std_readout.pooled(base + s_out))  # (S, B, D)
+        return mu, torch.exp(2 * log_std.clamp(LOG_STD_MIN, LOG_STD_MAX))
 
     def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        tokens = self.encoder(x)  # (B, T, d), once for all samples
-        out = self.attention(tokens, n_samples, generator, t_sample=self._times(x), readout=self._readout())
-        mu, log_std = out.split(self.out_dim, dim=-1)  # (S, B, D) each
-        return mu, torch.exp(2 * log_std.clamp(LOG_STD_MIN, LOG_STD_MAX))
+        return self.head(x, n_samples, generator)
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         n = self.cfg.n_passes

@@ -61,8 +61,11 @@ class TokenReadout(nn.Module):
         self.fc = nn.Linear(d_model, d_model)
 
     def forward(self, tokens: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        pooled = self.norm(tokens.mean(1))  # (B, d)
-        return dropout(F.gelu(self.fc(pooled)), self.p, generator)
+        return self.pooled(tokens.mean(1), generator)  # (B, T, d) -> (B, d)
+
+    def pooled(self, pooled: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """The layer on token means already pooled: (.., d) -> (.., d) (NSAC pools each sample inside its layer)."""
+        return dropout(F.gelu(self.fc(self.norm(pooled))), self.p, generator)
 
 
 class AttentionBackbone(nn.Module):

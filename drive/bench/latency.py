@@ -69,13 +69,11 @@ def _observations(n: int) -> list[tuple[np.ndarray, dict]]:
 
 def _step_fn(model, n_samples: int, deterministic: bool, coder):
     generator = torch.Generator().manual_seed(0)
-    if deterministic and hasattr(model, "attention") and hasattr(model, "_readout"):
+    if deterministic and hasattr(model, "head"):
         # NSAC: the mean-logit path of its attention layer (no noise, one pass)
         def moments(x):
-            tokens = model.encoder(x)
-            out = model.attention(tokens, 1, None, t_sample=model._times(x), readout=model._readout(), sample=False)
-            mu, log_std = out.split(model.out_dim, dim=-1)
-            return mu * model.y_scale + model.y_loc, torch.exp(2 * log_std.clamp(-7.0, 7.0)) * model.y_scale**2
+            mu, var = model.head(x, 1, sample=False)
+            return mu * model.y_scale + model.y_loc, var * model.y_scale**2
     else:
 
         def moments(x):
