@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from agents.encoders import EncoderConfig
 from agents.layers.nsac_attention import NSACAttention, ou_moments
+from agents.layers.nsac_kernels import TOPK_MAX_KEYS, TOPK_MAX_SLOTS, MixKeys, PairGates, tanh_, top_k_indices
 from agents.nsac import NSACConfig
 
 
@@ -79,9 +80,9 @@ def test_layer_logits_follow_the_ou_closed_form_of_its_gates():
     torch.testing.assert_close(st["sigma2"], var)
     g = torch.Generator().manual_seed(3)
     n = 5000
-    logits = layer.sample_logits(st["mu"], st["sigma2"], n, g)  # (B, S, H, n, K): samples on axis 1
-    torch.testing.assert_close(logits.mean(1), st["mu"], atol=4 * (var.max().sqrt() / n**0.5).item(), rtol=0)
-    assert _relerr(logits.var(1).mean(), st["sigma2"].mean()) < 0.03
+    logits = layer.sample_logits(st["mu"], st["sigma2"], n, g)  # (B, H, S, n, K): samples on axis 2
+    torch.testing.assert_close(logits.mean(2), st["mu"], atol=4 * (var.max().sqrt() / n**0.5).item(), rtol=0)
+    assert _relerr(logits.var(2).mean(), st["sigma2"].mean()) < 0.03
 
 
 def test_gates_are_positive_and_depend_on_the_input():
@@ -142,19 +143,22 @@ def test_top_k_with_k_equal_n_equals_the_dense_computation(readout):
         torch.testing.assert_close(value, dense_state[name], msg=name)
 
 
-def _reference_output(layer, x, top_k):
-    """Mean-logit attention built the slow way: every [q_i; k_j] pair through the plain backbone, top-K by masking."""
+def _reference_output(layer, x, top_k, eps=None):
+    """Attention built the slow way with plain autograd: every [q_i; k_j] pair through the plain backbone, top-K by
+    masking. eps (B, H, S, n_q, n_k): the noise of each (query, key) logit; None = the mean logits (S = 1)."""
     b, n, d = x.shape
     h, dh = layer.n_heads, layer.d_head
     q, k, v = (p(x).view(b, n, h, dh).transpose(1, 2) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
     pairs = torch.cat([q.unsqueeze(3).expand(b, h, n, n, dh), k.unsqueeze(2).expand(b, h, n, n, dh)], -1)
     z = layer.motor(torch.tanh(layer.command(torch.tanh(layer.inter(pairs)))))  # (B, H, n_q, n_k, 3)
     kappa = F.softplus(z[..., 0]) + layer.kappa_min
+    psi = F.softplus(z[..., 2]) + layer.psi_min
     t = torch.sigmoid(layer.t_b - layer.t_a).view(1, h, 1, 1)
-    mu = torch.tanh(z[..., 1]) * (1 - torch.exp(-kappa * t))
+    mu, var = ou_moments(kappa, torch.tanh(z[..., 1]), psi, t)
+    logits = mu.unsqueeze(2) if eps is None else mu.unsqueeze(2) + layer.noise_scale * var.sqrt().unsqueeze(2) * eps
     keep = torch.zeros_like(mu, dtype=torch.bool).scatter_(-1, (q @ k.transpose(-1, -2)).topk(top_k, -1).indices, True)
-    alpha = torch.softmax(mu.masked_fill(~keep, float("-inf")), -1)  # (B, H, n_q, n_k)
-    return layer.out_proj((alpha @ v).transpose(1, 2).reshape(b, n, d))
+    alpha = torch.softmax(logits.masked_fill(~keep.unsqueeze(2), float("-inf")), -1)  # (B, H, S, n_q, n_k)
+    return layer.out_proj((alpha @ v.unsqueeze(2)).permute(2, 0, 3, 1, 4).reshape(-1, b, n, d))  # (S, B, n, 2d)
 
 
 @pytest.mark.parametrize("top_k", [1, 3, 7])
@@ -162,7 +166,7 @@ def test_top_k_matches_a_masked_dense_reference(top_k):
     layer = _layer(top_k=top_k)
     x = torch.randn(2, 9, 32)
     out = layer(x, sample=False)[0]
-    torch.testing.assert_close(out, _reference_output(layer, x, top_k), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out, _reference_output(layer, x, top_k)[0], atol=1e-5, rtol=1e-4)
     chosen = layer.internals()["keys"]  # (B, H, n, K), highest score first
     b, n, d = x.shape
     q, k = (p(x).view(b, n, 4, d // 4).transpose(1, 2) for p in (layer.q_proj, layer.k_proj))
@@ -172,10 +176,110 @@ def test_top_k_matches_a_masked_dense_reference(top_k):
     torch.testing.assert_close(picked, scores.topk(top_k, -1).values)
 
 
-def test_pooled_readout_equals_pooling_the_token_outputs():
+@pytest.mark.parametrize("n_samples", [1, 3])
+def test_sampled_forward_and_hand_written_backward_match_plain_autograd(n_samples):
+    """The whole layer (in-place gates, custom backward nodes, key-slot mixing) against the plain-autograd reference
+    fed the same noise: outputs and every parameter's gradient."""
+    layer = _layer(top_k=4)
+    x = torch.randn(2, 9, 32)
+    out = layer(x, n_samples, torch.Generator().manual_seed(7))
+    keys = layer.internals()["keys"]  # (B, H, n, K)
+    b, h, n, k = keys.shape
+    eps = torch.empty(b, h, n_samples, k, n).normal_(generator=torch.Generator().manual_seed(7))  # the layer's draw
+    dense = torch.zeros(b, h, n_samples, n, n).scatter_(
+        -1, keys.unsqueeze(2).expand(b, h, n_samples, n, k), eps.transpose(-1, -2)
+    )  # noise of slot k of query i at (query i, key keys[.., i, k])
+    reference = _reference_output(layer, x, 4, dense)
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-4)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), list(layer.parameters()))
+    ref_grads = torch.autograd.grad((reference * weights).sum(), list(layer.parameters()))
+    for (name, _), got, want in zip(layer.named_parameters(), grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_pair_gates_backward_passes_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    b, h, n, n_keys, n_inter, n_command = 2, 2, 3, 2, 3, 2
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+
+    per_key, per_query = rand(n_inter, b * n * h), rand(n_inter, b, h, n)
+    weights = rand(n_command, n_inter), rand(n_command), rand(3, n_command), rand(3)
+    rows = torch.randint(0, b * n * h, (b * h * n_keys * n,), generator=g)
+    for r in (rows, None):  # selected keys; every key (K = n)
+        assert torch.autograd.gradcheck(
+            lambda *a, r=r: PairGates.apply(a[0], a[1], r, *a[2:], 1e-3, 1e-4), (per_key, per_query, *weights)
+        )
+    # and the forward is the plain formula
+    kappa, phi, psi = PairGates.apply(per_key, per_query, rows, *weights, 1e-3, 1e-4)
+    w_c, b_c, w_m, b_m = weights
+    inter = torch.tanh(per_key[:, rows].view(n_inter, b, h, n_keys, n) + per_query.unsqueeze(3))
+    z = torch.einsum(
+        "mc,cbhki->mbhki", w_m, torch.tanh(torch.einsum("ci,ibhkj->cbhkj", w_c, inter) + b_c.view(-1, 1, 1, 1, 1))
+    )
+    z = z + b_m.view(-1, 1, 1, 1, 1)
+    torch.testing.assert_close(kappa, F.softplus(z[0]) + 1e-3)
+    torch.testing.assert_close(phi, torch.tanh(z[1]))
+    torch.testing.assert_close(psi, F.softplus(z[2]) + 1e-4)
+
+
+@pytest.mark.parametrize("n_samples", [1, 3])
+def test_mix_keys_matches_the_gathered_sum_and_passes_gradcheck(n_samples):
+    g = torch.Generator().manual_seed(1)
+    b, h, n_keys, n, width = 2, 2, 3, 4, 3
+    alpha = torch.rand(b, h, n_samples, n_keys, n, generator=g, dtype=torch.float64, requires_grad=True)
+    values = torch.randn(width, b * n * h, generator=g, dtype=torch.float64, requires_grad=True)
+    rows = torch.randint(0, b * n * h, (n_keys, b * h * n), generator=g)
+    out = MixKeys.apply(alpha, values, rows)  # (F, B, H, S, n)
+    picked = values[:, rows].view(width, n_keys, b, h, 1, n)  # value of slot k of every query
+    want = (alpha.permute(3, 0, 1, 2, 4).unsqueeze(0) * picked).sum(1)
+    torch.testing.assert_close(out, want)
+    assert torch.autograd.gradcheck(lambda a, v: MixKeys.apply(a, v, rows), (alpha, values))
+
+
+def test_top_k_indices_equals_torch_topk_with_ties_to_the_lower_index():
+    g = torch.Generator().manual_seed(2)
+    for n, k in ((5, 2), (64, 8), (200, 8), (600, 8), (64, 40)):  # the last two: torch.topk fallback
+        scores = torch.randint(-3, 4, (50, n), generator=g).float()  # many ties
+        scores[0, :3] = torch.tensor([0.0, -0.0, 0.0])
+        idx = top_k_indices(scores, k)
+        assert idx.dtype == torch.long and idx.shape == (50, k)
+        picked = scores.gather(-1, idx)
+        torch.testing.assert_close(picked, scores.topk(k, -1).values, rtol=0, atol=0)
+        if n <= TOPK_MAX_KEYS and k <= TOPK_MAX_SLOTS:  # documented tie order: lower key index first
+            tied = picked[:, 1:] == picked[:, :-1]
+            assert (idx[:, 1:] > idx[:, :-1])[tied].all()
+    scores = torch.randn(4, 3, 30, generator=g).half()
+    torch.testing.assert_close(top_k_indices(scores, 5), scores.float().topk(5, -1).indices)
+
+
+def test_tanh_in_place_equals_torch_tanh():
+    x = torch.linspace(-12, 12, 10001)
+    torch.testing.assert_close(tanh_(x.clone()), torch.tanh(x), atol=3e-7, rtol=0)
+    x = x.double()
+    torch.testing.assert_close(tanh_(x.clone()), torch.tanh(x), atol=1e-15, rtol=0)
+
+
+def test_noise_is_independent_per_batch_element_and_seeded():
     layer = _layer(top_k=3)
+    x = torch.randn(1, 6, 32).expand(2, 6, 32)  # the same example twice
+    mean = layer(x, sample=False)
+    assert torch.equal(mean[:, 0], mean[:, 1])
+    draws = layer(x, 4, torch.Generator().manual_seed(3))
+    assert not torch.allclose(draws[:, 0], draws[:, 1])  # each example its own noise
+    assert torch.equal(draws, layer(x, 4, torch.Generator().manual_seed(3)))
+    with torch.no_grad():  # the in-place no-graph path draws and scales the same numbers
+        torch.testing.assert_close(layer(x, 4, torch.Generator().manual_seed(3)), draws, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("top_k", [3, None])
+@pytest.mark.parametrize("width", [2, 64])  # folded P-vectors per key (P <= d/H); head-wide values then (P, d)
+def test_pooled_readout_equals_pooling_the_token_outputs(top_k, width):
+    layer = _layer(top_k=top_k)
     x = torch.randn(4, 6, 32)
-    w, c = torch.randn(2, 64), torch.randn(2)
+    w, c = torch.randn(width, 64), torch.randn(width)
     tokens = layer(x, 5, torch.Generator().manual_seed(1))
     pooled = layer(x, 5, torch.Generator().manual_seed(1), readout=(w, c))
     torch.testing.assert_close(pooled, tokens.mean(2) @ w.T + c, atol=1e-5, rtol=1e-4)

@@ -28,19 +28,23 @@ Departures from the authors' public code, and why:
   command neurons; Lechner et al.'s driving NCP had 19 neurons), shared by the heads; the sensory projections keep
   1 - sparsity of their d x d synapses (ncps NCP sensory -> inter wiring with d inter neurons).
 
-Speed and memory (see `drive bench attention`):
+Speed and memory (see `drive bench attention`; the CPU-lean kernels are in agents/layers/nsac_kernels.py):
 - Top-K keys are chosen from q.k scores computed without autograd in query chunks (at most `score_chunk` scores
-  at a time), so no n x n tensor is kept for the backward pass and the n x n pairwise inputs [q_i; k_j] are never
-  built: the first backbone layer is split, W [q; k] = W_q q + W_k k, each term computed once per token and gathered
-  per pair. Everything saved for the backward pass is O(n K). Key slots are ordered by score (highest first); with
-  K >= n every key is taken in key order, which makes K = n exactly the dense computation.
+  at a time) by `top_k_indices` (exact, ties to the lower key index), so no n x n tensor is kept for the backward
+  pass and the n x n pairwise inputs [q_i; k_j] are never built: the first backbone layer is split,
+  W [q; k] = W_q q + W_k k, each term computed once per token and gathered per pair. Everything saved for the
+  backward pass is O(n K). Key slots are ordered by score (highest first); with K >= n every key is taken in key
+  order, which makes K = n exactly the dense computation.
 - The wired layers run feature-major (neurons x pairs), where the products with a few neurons are fast and each
-  gate is a contiguous row; the value mix runs feature-major as K fused multiply-adds over whole rows.
-- The S samples share the gates: noise for all S is drawn in one op with S folded into the batch, per-pair tensors
-  are laid out (.., K, n) so the softmax over keys is a vectorised reduction over rows.
+  gate is a contiguous row, as one autograd node (`PairGates`: in-place forward, hand-written backward).
+- Per-pair tensors are laid out (B, H, S, K, n): the softmax over keys is a vectorised reduction over rows. The S
+  samples share the gates; the noise for all S is drawn in one op in that layout (without autograd: in place).
+- Per-token outputs mix the values one key slot at a time (`MixKeys`: K multiply-adds of gathered (dh, B H n)
+  rows, hand-written backward), so the (dh, B, H, K, n) gathered values are never materialised.
 - Everything after the softmax is linear. With `readout` (weight (P, 2d), bias (P,) of a linear map applied to the
-  token-mean of the output) the value, output and readout maps are folded into one (P)-vector per key before sampling,
-  and each sample costs one (S, H K n) x (H K n, P) batched matmul: exact, not an approximation.
+  token-mean of the output) the token-mean is taken before the maps: per (batch, head) one (S, K n) x (K n, F)
+  product, where F = P when the value, output and readout maps folded into one P-vector per key are narrower than
+  a head (P <= d/H), else F = d/H and the folded (P, d) map follows. Exact, not an approximation.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ import torch
 import torch.nn.functional as F
 from ncps.wirings import NCP, AutoNCP
 from torch import Tensor, nn
+
+from agents.layers.nsac_kernels import MixKeys, PairGates, top_k_indices
 
 
 def ou_moments(kappa: Tensor, phi: Tensor, psi: Tensor, t: Tensor | float) -> tuple[Tensor, Tensor]:
@@ -126,7 +132,7 @@ class NSACAttention(nn.Module):
         seed: int = 22222,
         kappa_min: float = 1e-3,
         psi_min: float = 1e-4,
-        score_chunk: int = 1 << 20,
+        score_chunk: int = 1 << 18,
     ):
         super().__init__()
         if d_model % n_heads:
@@ -161,42 +167,27 @@ class NSACAttention(nn.Module):
 
     @torch.no_grad()
     def select_keys(self, q: Tensor, k: Tensor) -> Tensor:
-        """Top-K keys per query by q.k, highest score first. q, k (B, n, H, dh) -> idx (B, H, K, n).
-        With K >= n every key is taken, in key order (so K = n is exactly the dense computation)."""
+        """Top-K keys per query by q.k, highest score first (ties: lower key index). q, k (B, n, H, dh) -> idx
+        (B, H, K, n). With K >= n every key is taken, in key order (so K = n is exactly the dense computation)."""
         b, n, h, _ = q.shape
         n_keys = min(self.top_k, k.shape[1])
         if n_keys == k.shape[1]:
             return torch.arange(n_keys, device=q.device).view(1, 1, n_keys, 1).expand(b, h, n_keys, n).contiguous()
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, n, dh)
-        rows = max(1, self.score_chunk // (b * h * k.shape[2]))
-        parts = [(q[:, :, s : s + rows] @ k.transpose(-1, -2)).topk(n_keys, -1).indices for s in range(0, n, rows)]
+        q, k_t = q.transpose(1, 2), k.permute(0, 2, 3, 1).contiguous()  # (B, H, n, dh), (B, H, dh, n)
+        rows = max(1, self.score_chunk // (b * h * k.shape[1]))
+        parts = [top_k_indices(q[:, :, s : s + rows] @ k_t, n_keys) for s in range(0, n, rows)]
         return torch.cat(parts, 2).transpose(-1, -2).contiguous()  # (B, H, K, n)
 
     def gates(self, q: Tensor, k: Tensor, idx: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """kappa, phi, psi (B, H, K, n) of the pairs (query i, key idx[.., k, i]); idx None = every key.
-
-        Feature-major throughout (neurons x pairs): the wired layers are then (out x in) @ (in x pairs) products,
-        several times faster than (pairs x in) @ (in x out) for these few neurons, and each gate is a contiguous row.
-        """
+        """kappa, phi, psi (B, H, K, n) of the pairs (query i, key idx[.., k, i]); idx None = every key."""
         b, n, h, dh = q.shape
         w = self.inter.masked_weight()  # (I, 2 dh): [q; k] split, each half applied once per token
-        n_inter = w.shape[0]
-        per_query = (w[:, :dh] @ q.reshape(-1, dh).T + self.inter.bias.unsqueeze(1)).view(n_inter, b, n, h)
-        per_key = w[:, dh:] @ k.reshape(-1, dh).T  # (I, B*n*H)
-        if idx is None:
-            per_pair = per_key.view(n_inter, b, n, h).permute(0, 1, 3, 2).unsqueeze(-1)  # (I, B, H, K = n, 1)
-        else:
-            per_pair = per_key.index_select(1, key_rows(idx, n)).view(n_inter, *idx.shape)  # (I, B, H, K, n)
-        inter = torch.tanh(per_pair + per_query.permute(0, 1, 3, 2).unsqueeze(3))  # (I, B, H, K, n)
-        shape = inter.shape[1:]
-        command = torch.tanh(
-            torch.addmm(self.command.bias.unsqueeze(1), self.command.masked_weight(), inter.reshape(n_inter, -1))
-        )  # (C, pairs)
-        z = torch.addmm(self.motor.bias.unsqueeze(1), self.motor.masked_weight(), command)  # (3, pairs)
-        kappa = F.softplus(z[0]).view(shape) + self.kappa_min
-        phi = torch.tanh(z[1]).view(shape)
-        psi = F.softplus(z[2]).view(shape) + self.psi_min
-        return kappa, phi, psi
+        queries = q.transpose(1, 2).reshape(-1, dh).T  # (dh, B*H*n)
+        per_query = torch.addmm(self.inter.bias.unsqueeze(1), w[:, :dh], queries).view(-1, b, h, n)  # (I, B, H, n)
+        per_key = w[:, dh:] @ k.reshape(-1, dh).T  # (I, B*n*H): token-major key rows
+        rows = None if idx is None else key_rows(idx, n)
+        weights = (self.command.masked_weight(), self.command.bias, self.motor.masked_weight(), self.motor.bias)
+        return PairGates.apply(per_key, per_query, rows, *weights, self.kappa_min, self.psi_min)
 
     def time(self, t_sample: Tensor | None, b: int) -> Tensor:
         """t = sigmoid(-t_a t_sample + t_b) per head: (1, H, 1, 1), or (B, H, 1, n|1) from t_sample (B,), (B, n)."""
@@ -208,10 +199,13 @@ class NSACAttention(nn.Module):
         return torch.sigmoid(-t_a * t_sample.reshape(b, 1, 1, -1).to(t_a.dtype) + t_b)
 
     def sample_logits(self, mu: Tensor, var: Tensor, n_samples: int, generator: torch.Generator | None) -> Tensor:
-        """a = mu + noise_scale sigma eps, eps ~ N(0, 1). mu, var (B, H, K, n) -> (B, S, H, K, n), S in one op."""
-        b = mu.shape[0]
-        eps = torch.empty((b, n_samples, *mu.shape[1:]), dtype=mu.dtype, device=mu.device).normal_(generator=generator)
-        return torch.addcmul(mu.unsqueeze(1), (var.sqrt() * self.noise_scale).unsqueeze(1), eps)
+        """a = mu + noise_scale sigma eps, eps ~ N(0, 1) iid. mu, var (B, H, ..) -> (B, H, S, ..), S in one draw."""
+        eps = torch.empty((*mu.shape[:2], n_samples, *mu.shape[2:]), dtype=mu.dtype, device=mu.device)
+        eps.normal_(generator=generator)
+        std = (var.sqrt() * self.noise_scale).unsqueeze(2)
+        if torch.is_grad_enabled() and (mu.requires_grad or var.requires_grad):
+            return torch.addcmul(mu.unsqueeze(2), std, eps)
+        return torch.addcmul(mu.unsqueeze(2), std, eps, out=eps)  # no graph: in place, no second S-sized tensor
 
     # -- forward ---------------------------------------------------------------------------------------------------
     def forward(
@@ -231,7 +225,7 @@ class NSACAttention(nn.Module):
         kappa, phi, psi = self.gates(q, k, idx)  # (B, H, K, n)
         t = self.time(t_sample, b)
         mu, var = ou_moments(kappa, phi, psi, t)
-        logits = self.sample_logits(mu, var, n_samples, generator) if sample else mu.unsqueeze(1)  # (B, S, H, K, n)
+        logits = self.sample_logits(mu, var, n_samples, generator) if sample else mu.unsqueeze(2)  # (B, H, S, K, n)
         alpha = torch.softmax(logits, dim=-2)  # over keys
         if self.sa_resample is not None:
             alpha = self.sa_resample(alpha.transpose(-1, -2)).transpose(-1, -2)
@@ -242,33 +236,37 @@ class NSACAttention(nn.Module):
             return self._mix_tokens(alpha, v, idx)
         return self._mix_pooled(alpha, v, idx, *readout)
 
+    @staticmethod
+    def _pick(per_key: Tensor, idx: Tensor) -> Tensor:
+        """per_key (B, n, H, F) token-major -> (F, B, H, K, n) = per_key[b, idx, h], feature-major (whole-row
+        index_select forward, index_add backward: much faster than gathering F-wide token-major rows)."""
+        b, n, h, f = per_key.shape
+        return per_key.reshape(-1, f).T.contiguous().index_select(1, key_rows(idx, n)).view(f, *idx.shape)
+
     def _mix_tokens(self, alpha: Tensor, v: Tensor, idx: Tensor | None) -> Tensor:
-        b, s, h, n_keys, n = alpha.shape
-        v_t = v.permute(0, 2, 3, 1).contiguous()  # (B, H, dh, n): feature-major, the key sum runs over whole rows
-        if idx is None:
-            picked = v_t.unsqueeze(-1)  # (B, H, dh, K = n, 1): key k for every query
+        b, h, s, n_keys, n = alpha.shape
+        if idx is None:  # key k is key k for every query: (S, n_k)^T x (n_k, dh) per (batch, head)
+            heads = (alpha.transpose(-1, -2) @ v.permute(0, 2, 1, 3).unsqueeze(2)).permute(4, 0, 1, 2, 3)
         else:
-            flat = idx.view(b, h, 1, n_keys * n).expand(b, h, self.d_head, n_keys * n)
-            picked = v_t.gather(-1, flat).view(b, h, self.d_head, n_keys, n)  # (B, H, dh, K, n)
-        # sum over key slots as K fused multiply-adds: no (B, S, H, dh, K, n) product is ever materialised
-        weights, values = alpha.unbind(3), picked.unbind(3)  # K x (B, S, H, n), K x (B, H, dh, n|1)
-        heads = weights[0].unsqueeze(3) * values[0].unsqueeze(1)  # (B, S, H, dh, n)
-        for w_k, v_k in zip(weights[1:], values[1:], strict=True):
-            heads = torch.addcmul(heads, w_k.unsqueeze(3), v_k.unsqueeze(1))
-        out = self.out_proj.weight @ heads.reshape(b, s, self.d_model, n) + self.out_proj.bias.unsqueeze(-1)
-        return out.permute(1, 0, 3, 2)  # (S, B, n, 2d)
+            rows = key_rows(idx, n).view(b, h, n_keys, n).permute(2, 0, 1, 3).reshape(n_keys, -1)  # (K, B H n)
+            heads = MixKeys.apply(alpha, v.reshape(-1, self.d_head).T.contiguous(), rows)
+        # heads (dh, B, H, S, n) -> (S, B, n, H dh)
+        return self.out_proj(heads.permute(3, 1, 4, 2, 0).reshape(s, b, n, self.d_model))  # (S, B, n, 2d)
 
     def _mix_pooled(self, alpha: Tensor, v: Tensor, idx: Tensor | None, weight: Tensor, bias: Tensor) -> Tensor:
-        b, s, h, n_keys, n = alpha.shape
+        b, h, s, n_keys, n = alpha.shape
         p = weight.shape[0]
-        folded = (weight @ self.out_proj.weight).view(p, h, self.d_head).permute(1, 2, 0)  # (H, dh, P)
-        per_key = (v.unsqueeze(-2) @ folded).squeeze(-2)  # (B, n, H, P): what one unit of attention on a key adds
-        if idx is None:  # every query sees every key: sum the weight each key receives
-            keys = per_key.permute(0, 2, 1, 3).reshape(b, h * n, p)
-            mixed = alpha.sum(-1).reshape(b, s, h * n_keys) @ keys  # (B, S, P)
+        folded = weight @ self.out_proj.weight  # (P, d): output and readout maps in one
+        fold = p <= self.d_head  # mix P-vectors per key (values folded through the maps) or the dh-wide values
+        per_key = (v.unsqueeze(-2) @ folded.view(p, h, self.d_head).permute(1, 2, 0)).squeeze(-2) if fold else v
+        if idx is None:  # every query sees every key: the weight each key receives, summed over queries
+            weights, values = alpha.sum(-1), per_key.transpose(1, 2)  # (B, H, S, n), (B, H, n, F)
         else:
-            mixed = alpha.reshape(b, s, -1) @ gather_keys(per_key, idx).reshape(b, -1, p)  # (B, S, P)
-        return mixed.transpose(0, 1) / n + (weight @ self.out_proj.bias + bias)  # (S, B, P)
+            weights = alpha.reshape(b, h, s, n_keys * n)
+            values = self._pick(per_key, idx).flatten(3).permute(1, 2, 3, 0)  # (B, H, K n, F), a view
+        mixed = weights @ values  # (B, H, S, F): summed over queries and key slots
+        pooled = mixed.sum(1) if fold else mixed.transpose(1, 2).reshape(b, s, self.d_model) @ folded.T  # (B, S, P)
+        return pooled.transpose(0, 1) / n + (weight @ self.out_proj.bias + bias)  # (S, B, P)
 
     def internals(self) -> dict[str, Tensor]:
         """The last forward, detached: kappa, phi, psi, mu, sigma2 (logit mean/var), keys (B, H, n, K);
@@ -277,5 +275,6 @@ class NSACAttention(nn.Module):
         if not last:
             return {}
         last["sigma2"] = last.pop("var") * self.noise_scale**2
-        last["attention"] = last["attention"].transpose(0, 1)  # (B, S, ..) -> (S, B, ..)
-        return {name: value if name == "t" else value.transpose(-1, -2) for name, value in last.items()}
+        attention = last.pop("attention").permute(2, 0, 1, 4, 3)  # (B, H, S, K, n) -> (S, B, H, n, K)
+        out = {name: value if name == "t" else value.transpose(-1, -2) for name, value in last.items()}
+        return {**out, "attention": attention}
