@@ -373,7 +373,7 @@ def test_time_feature_drives_t_sample():
         NSACConfig(encoder=EncoderConfig(kind="frames"), time_feature=0)
 
 
-def test_bench_attention_runs_and_writes_its_figures(tmp_path):
+def test_bench_attention_runs_and_writes_its_figures(tmp_path, capfd):
     import json
 
     from drive.cli import main
@@ -385,4 +385,20 @@ def test_bench_attention_runs_and_writes_its_figures(tmp_path):
     assert [r["n"] for r in result["attention"]] == [8, 32]
     for row in result["attention"]:
         assert row["nsac_cpu_ms"] > 0 and row["nsac_peak_mib"] > 0 and row["sdpa_block_peak_mib"] > 0
-    assert result["sampling"][0]["pooled_ratio"] > 0 and "profile_memory" in result["method"]["memory"]
+    for entry in result["sampling"]:
+        assert entry["pooled_ratio"] > 0 and entry["pooled_2d_ratio"] > 0 and entry["floor_ratio"] > 1
+    assert "profile_memory" in result["method"]["memory"]
+    assert "profiler_start" not in capfd.readouterr().err  # the profiler's chatter is dropped
+
+
+def test_bench_drops_only_the_profilers_stderr_chatter(capfd):
+    import os
+
+    from drive.bench.attention import _without_profiler_chatter
+
+    with _without_profiler_chatter():
+        os.write(2, b"USDT:2026-11-29 22:47:43 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"[W1129 CPUAllocator.cpp:245] Memory block of unknown size was allocated before the profiling\n")
+        os.write(2, b"RuntimeError: a real problem\n")
+    err = capfd.readouterr().err
+    assert err == "RuntimeError: a real problem\n"
