@@ -249,7 +249,11 @@ def measure(cfg: Config, console: Console) -> dict:
         },  # fmt: skip
         "method": {
             "time": "median of repeats; ratios from "
-            + ("wall time (synchronised)" if device.type == "cuda" else "process CPU time, one intra-op thread"),
+            + (
+                "wall time (synchronised)"
+                if device.type == "cuda"
+                else f"process CPU time, {cfg.threads} intra-op thread(s)"
+            ),
             "memory": "torch.cuda.max_memory_allocated above the start level"
             if device.type == "cuda"
             else "torch.profiler profile_memory: peak of the CPU allocator's running total of bytes allocated "
