@@ -34,7 +34,7 @@ Speed and memory (see `drive bench attention`; the CPU-lean kernels are in agent
   pass and the n x n pairwise inputs [q_i; k_j] are never built: the first backbone layer is split,
   W [q; k] = W_q q + W_k k, each term computed once per token and gathered per pair. Everything saved for the
   backward pass is O(n K). Key slots are ordered by score (highest first); with K >= n every key is taken in key
-  order, which makes K = n exactly the dense computation.
+  order by the dense code path itself, so K = n is exactly (bit for bit) the dense computation.
 - The wired layers run feature-major (neurons x pairs), where the products with a few neurons are fast and each
   gate is a contiguous row, as one autograd node (`PairGates`: in-place forward, hand-written backward).
 - Per-pair tensors are laid out (B, H, S, K, n): the softmax over keys is a vectorised reduction over rows. The S
@@ -221,7 +221,8 @@ class NSACAttention(nn.Module):
         y = W mean_tokens(out) + c, (S, B, P). sample=False uses the mean logits mu (S = 1, no noise)."""
         b, n, _ = x.shape
         q, k, v = self.project(x)  # (B, n, H, dh) each
-        idx = None if self.top_k is None else self.select_keys(q, k)  # (B, H, K, n)
+        every_key = self.top_k is None or self.top_k >= n  # K >= n: the dense computation itself
+        idx = None if every_key else self.select_keys(q, k)  # (B, H, K, n); None: key slot k = key k
         kappa, phi, psi = self.gates(q, k, idx)  # (B, H, K, n)
         t = self.time(t_sample, b)
         mu, var = ou_moments(kappa, phi, psi, t)
