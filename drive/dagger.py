@@ -1,4 +1,4 @@
-"""DAgger (Ross, Gordon & Bagnell 2011) on top of `drive collect` demonstrations: `python -m drive.dagger ...`.
+"""DAgger (Ross, Gordon & Bagnell 2011) on top of `drive collect` demonstrations: `drive dagger ...`.
 
 Why: a clone of the pursuit expert trained on its demonstrations (DART noise included) drifts to speeds the expert
 never reaches — it keeps the mean gas of the expert's bang-bang speed control — and then misses the next corner.

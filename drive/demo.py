@@ -1,8 +1,13 @@
 """`drive demo`: the main job on the embedded default, no download, no server.
 
-The shipped PPO expert drives CarRacing on a few tracks while `drive collect` records its demonstrations (raw frames
-kept); then the first recorded episode is read back through the dataset reader and rendered as an mp4 of the expert
-driving (raw 96x96 frames upscaled, speed and action overlaid). Rerunning resumes: finished episodes are kept.
+1. The shipped PPO expert drives CarRacing on a few tracks while `drive collect` records its demonstrations (raw
+   frames kept); the first recorded episode is read back through the dataset reader and rendered as an mp4 of the
+   expert driving (raw 96x96 frames upscaled, speed and action overlaid). Rerunning resumes: finished episodes are
+   kept.
+2. The shipped NSAC controller (checkpoints/carracing_nsac.pt, behaviour-cloned from pixels; model card beside it)
+   drives a track it never saw, closed loop, with the expert in shadow mode and the interpretability recorder on
+   (`drive eval --trace`): the trace (Parquet), its plots (track maps coloured by kappa, phi, psi, the logits and the
+   epistemic variance) and `drive replay`'s video with the uncertainty overlay land in the output directory.
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ from pathlib import Path
 from typing import Literal
 
 from datasets.demonstrations import DemonstrationError, Demonstrations
+from drive import checkpoint
 from drive import collect as collect_cmd
 from drive.video import VideoWriter, put_lines, upscale
 
 log = logging.getLogger(__name__)
+
+SHIPPED_CONTROLLER = Path(__file__).resolve().parents[1] / "checkpoints" / "carracing_nsac.pt"
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,12 @@ class Config:
     """step limit per episode"""
     env: Literal["carracing", "fake-road"] = "carracing"
     """simulator: carracing, or fake-road (a tiny synthetic road for tests)"""
+    controller: Path | None = SHIPPED_CONTROLLER
+    """trained controller that then drives an unseen track with the uncertainty overlay (None: skip this part)"""
+    track: int = 1000
+    """track seed the controller drives (the controllers are trained on seeds < 1000)"""
+    controller_steps: int | None = None
+    """step limit of the controller's episode (default: --max-episode-steps)"""
     progress: bool = True
     """show progress bars"""
 
@@ -68,6 +82,12 @@ def render_video(episode, path: Path, n_steps: int, scale: int, title: str) -> i
 
 def run(cfg: Config) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if cfg.controller is not None:  # a bad checkpoint fails before anything is recorded
+        try:
+            checkpoint.read(cfg.controller, kind="controller")
+        except checkpoint.CheckpointError as exc:
+            print(f"drive demo: error: {exc}", file=sys.stderr)
+            return 2
     data_dir = cfg.out / "demonstrations"
     collect_cfg = collect_cmd.Config(
         out=data_dir,
@@ -100,5 +120,43 @@ def run(cfg: Config) -> int:
     done = f"{summary.frames} new frames, {summary.fps:.0f} frames/s" if summary.new else "already recorded, resumed"
     print(f"demonstrations: {data_dir} ({done})")
     print(f"video: {video_path} ({n} frames, {n / 50:.1f} s of the expert on track {episode.seed})")
-    print(f"next: drive data info {data_dir}")
+    if cfg.controller is None:
+        print(f"next: drive data info {data_dir}")
+        return 0
+    try:
+        return drive_controller(cfg)
+    except (ValueError, OSError, checkpoint.CheckpointError) as exc:
+        print(f"drive demo: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def drive_controller(cfg: Config) -> int:
+    """Part 2: the trained controller on an unseen track, traced, plotted and replayed with the overlay."""
+    from drive import evaluate as eval_cmd
+    from drive.policies import describe
+    from drive.replay import replay
+
+    trace_dir = cfg.out / "trace"
+    eval_cfg = eval_cmd.Config(
+        policy=f"ckpt:{cfg.controller}",
+        seeds=str(cfg.track),
+        max_episode_steps=cfg.controller_steps or cfg.max_episode_steps,
+        env=cfg.env,
+        progress=cfg.progress,
+        trace=trace_dir,
+    )
+    print(f"controller {cfg.controller} drives unseen track {cfg.track} (shadow expert, recorder on)")
+    results = eval_cmd.evaluate(eval_cfg)
+    episode = results["episodes"][0]
+    lap = "lap finished" if episode["lap_finished"] else f"completion {episode['completion']:.3f}"
+    print(f"  return {episode['return']:.1f}, {lap}, {episode['steps']} steps, "
+          f"{episode['off_track_events']} off-track events")  # fmt: skip
+    print("  " + describe(results).replace("\n", "\n  "))
+    trace = trace_dir / f"trace_seed{cfg.track:06d}.parquet"
+    plots = sorted(trace_dir.glob(f"{trace.stem}_*.png"))  # drawn by the recorder when the episode ended
+    video_path = cfg.out / "controller.mp4"
+    n = replay(trace, video_path, every=2)
+    print(f"trace: {trace} (+ {len(plots)} plots in {trace_dir})")
+    print(f"video: {video_path} ({n} frames at 50 fps, every 2nd step, with the uncertainty overlay)")
+    print(f"next: drive eval --policy ckpt:{cfg.controller} --seeds 1000-1019   |   drive drive")
     return 0
