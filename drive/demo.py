@@ -133,7 +133,6 @@ def run(cfg: Config) -> int:
 def drive_controller(cfg: Config) -> int:
     """Part 2: the trained controller on an unseen track, traced, plotted and replayed with the overlay."""
     from drive import evaluate as eval_cmd
-    from drive.policies import describe
     from drive.replay import replay
 
     trace_dir = cfg.out / "trace"
@@ -151,7 +150,7 @@ def drive_controller(cfg: Config) -> int:
     lap = "lap finished" if episode["lap_finished"] else f"completion {episode['completion']:.3f}"
     print(f"  return {episode['return']:.1f}, {lap}, {episode['steps']} steps, "
           f"{episode['off_track_events']} off-track events")  # fmt: skip
-    print("  " + describe(results).replace("\n", "\n  "))
+    print("  " + eval_cmd.describe(results).replace("\n", "\n  "))
     trace = trace_dir / f"trace_seed{cfg.track:06d}.parquet"
     plots = sorted(trace_dir.glob(f"{trace.stem}_*.png"))  # drawn by the recorder when the episode ended
     video_path = cfg.out / "controller.mp4"

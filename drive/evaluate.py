@@ -135,6 +135,73 @@ def summarise(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def evaluate_controller(cfg: Any, seeds: Sequence[int], env_settings: dict[str, Any]) -> dict[str, Any]:
+    """`drive eval` for a trained controller: the episodes (in parallel with --workers) with shadow-expert
+    calibration, latency and traces; with a fallback, every seed runs twice — with the fallback and without — and
+    both returns are reported (mean_return is the run with the fallback)."""
+    from drive.fallback import FallbackConfig, resolve_threshold
+    from drive.policies import aggregate, default_shadow
+
+    _, path = parse_policy_spec(cfg.policy)
+    shadow = default_shadow(cfg.shadow, cfg.env, path)
+    options = {"samples": cfg.samples, "shadow": shadow or "none", "seed": cfg.seed}
+    out: dict[str, Any] = {"policy": cfg.policy, "env": cfg.env, "seeds": list(seeds),
+                           "max_episode_steps": cfg.max_episode_steps, "shadow": shadow}  # fmt: skip
+    variants = [("", {**options, "fallback": "off"})]
+    if cfg.fallback != "off":
+        fb = FallbackConfig(mode=cfg.fallback)
+        threshold, origin = resolve_threshold(
+            path, fb, cfg.fallback_threshold, parse_seeds(cfg.calibrate_seeds), cfg.samples, cfg.seed,
+            {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},
+        )  # fmt: skip
+        out["fallback"] = {"mode": fb.mode, "signal": fb.signal, "quantile": fb.quantile, "threshold": threshold,
+                           "threshold_origin": origin}  # fmt: skip
+        variants = [("", {**options, "fallback": fb.mode, "fallback_threshold": threshold}),
+                    ("no_fallback", variants[0][1])]  # fmt: skip
+    start = time.perf_counter()
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, opts in variants:
+        settings = {**env_settings, "policy_options": tuple(sorted(opts.items()))}
+        if cfg.trace is not None and not name:  # the comparison run without fallback is not traced
+            settings["trace"] = str(cfg.trace)
+        records: list[dict[str, Any]] = []
+        tasks = [(cfg.policy, settings, seed) for seed in seeds]
+        run_tasks(evaluate_episode, tasks, cfg.workers, records.append, show=cfg.progress, label=name or "eval")
+        runs[name] = sorted(records, key=lambda r: r["seed"])
+    records = runs[""]
+    out.update(summarise(records))
+    out.update(aggregate(records))
+    if "no_fallback" in runs:
+        plain = runs["no_fallback"]
+        for record, other in zip(records, plain, strict=True):
+            record["return_no_fallback"] = other["return"]
+        without = summarise(plain)
+        out.update({f"{k}_no_fallback": without[k] for k in ("mean_return", "std_return", "min_return")})
+        out["episodes_no_fallback"] = plain
+    out["wall_s"] = time.perf_counter() - start
+    out["episodes"] = records
+    return out
+
+
+def describe(results: Mapping[str, Any]) -> str:
+    """The controller-specific lines `drive eval` prints under its table."""
+    lines = []
+    if "coverage90_steer" in results:
+        r = results
+        lines.append(f"shadow expert ({r.get('shadow')}): coverage50_steer {r['coverage50_steer']:.3f}, "
+                     f"coverage90_steer {r['coverage90_steer']:.3f}, nll_expert {r['nll_expert']:.3f}")  # fmt: skip
+    if "latency_ms_p50" in results:
+        lines.append(f"controller latency per step: p50 {results['latency_ms_p50']:.2f} ms, "
+                     f"p95 {results['latency_ms_p95']:.2f} ms")  # fmt: skip
+    if "fallback" in results:
+        fb = results["fallback"]
+        lines.append(f"fallback {fb['mode']} (threshold {fb['threshold']:.3g}, {fb['threshold_origin']}): "
+                     f"{results.get('n_interventions', 0)} interventions, {results.get('fallback_fraction', 0):.1%} "
+                     f"of steps; mean_return {results['mean_return']:.1f} with, "
+                     f"{results['mean_return_no_fallback']:.1f} without")  # fmt: skip
+    return "\n".join(lines)
+
+
 def evaluate(cfg: Config) -> dict[str, Any]:
     seeds = parse_seeds(cfg.seeds)
     if cfg.workers < 1:
@@ -142,8 +209,6 @@ def evaluate(cfg: Config) -> dict[str, Any]:
     parse_policy_spec(cfg.policy)  # a bad spec fails here, not in every worker
     env_settings = {"env": cfg.env, "max_episode_steps": cfg.max_episode_steps}
     if parse_policy_spec(cfg.policy)[0] == "ckpt":
-        from drive.policies import evaluate_controller
-
         return evaluate_controller(cfg, seeds, env_settings)
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -190,8 +255,6 @@ def run(cfg: Config) -> int:
         f"{results['laps_finished']}/{results['n_episodes']} laps finished"
     )
     if parse_policy_spec(cfg.policy)[0] == "ckpt":
-        from drive.policies import describe
-
         print(describe(results))
     if cfg.out is not None:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
