@@ -20,7 +20,7 @@ import numpy as np
 
 from drive.fallback import FallbackConfig, resolve_threshold
 from drive.overlay import OverlayState, draw_overlay
-from drive.policies import load_controller_policy
+from drive.policies import default_shadow, load_controller_policy
 from drive.rollout import StepRecord, make_env, parse_seeds, rollout
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,9 @@ class Config:
     """track seeds to drive, one episode each: 'A-B' (inclusive), 'A,B,C'"""
     samples: int | None = None
     """stochastic samples per step (default: the controller's own, 32 for NSAC)"""
-    shadow: str = "ppo"
-    """shadow expert acting on the privileged state every step (ppo, pursuit, PATH); empty for none"""
+    shadow: str | None = None
+    """shadow expert acting on the privileged state every step (ppo, pursuit, PATH; default: the expert that labelled
+    the controller's training data, as in drive eval; none: off)"""
     fallback: Literal["off", "expert", "slow"] = "off"
     """uncertainty-gated fallback: off, expert (the shadow expert takes over) or slow (slow down)"""
     fallback_threshold: float | None = None
@@ -164,7 +165,8 @@ def run(cfg: Config) -> int:
                 {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},
             )  # fmt: skip
             print(f"fallback threshold {threshold:.4g} ({origin})")
-        policy = load_controller_policy(path, cfg.samples, cfg.seed, cfg.shadow or None, fallback, threshold, cfg.env)
+        shadow = default_shadow(cfg.shadow, cfg.env, path)
+        policy = load_controller_policy(path, cfg.samples, cfg.seed, shadow, fallback, threshold, cfg.env)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"drive drive: error: {exc}", file=sys.stderr)
         return 2
