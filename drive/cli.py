@@ -24,6 +24,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("drive",): ("drive.live", "Drive live with the uncertainty overlay (pygame window, video when headless)."),
     ("udacity", "drive"): ("drive.udacity_drive", "Drive the Udacity simulator over socket.io with a controller."),
     ("udacity", "record"): ("drive.udacity_record", "Record the Udacity simulator in its own driving_log.csv format."),
+    ("sa", "calibrate"): ("drive.sa_calibrate", "Calibrate inference-time stochastic attention (nu) on a controller."),
     ("bench", "collect"): ("drive.bench.collect", "Benchmark: stock env vs fast renderer vs collect (1, 2 workers)."),
     ("bench", "attention"): ("drive.bench.attention", "Benchmark: NSAC attention vs torch SDPA, time and memory."),
     ("bench", "latency"): ("drive.bench.latency", "Benchmark: per-step controller latency, S samples vs one pass."),

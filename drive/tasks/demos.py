@@ -236,14 +236,22 @@ def checkpoint_test_report(path: str | Path, seed: int = 0) -> dict:
     from drive.checkpoint import load_controller
 
     model, payload = load_controller(path)
-    fp = payload.get("data", {})
-    missing = [k for k in ("path", "test_seeds") if k not in fp]
+    return offline_report(model, checkpoint_split(path, payload.get("data", {}), "test"), seed=seed)
+
+
+def checkpoint_split(path: str | Path, fp: dict, split: str) -> StackDataset:
+    """The train/val/test split of a checkpoint trained on this task, rebuilt from its data fingerprint `fp` exactly
+    as training built it: train and val at the training stride, test at stride 1 (from task.test_data if given)."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"unknown split {split!r}; choose train, val or test")
+    missing = [k for k in ("path", f"{split}_seeds") if k not in fp]
     if fp.get("task") != "demos" or missing:
         raise ValueError(f"{path}: not trained on task demos (data fingerprint lacks {missing or 'task=demos'})")
-    root = Path(fp.get("test_data", fp["path"]))
+    root = Path(fp.get("test_data", fp["path"]) if split == "test" else fp["path"])
+    stride = 1 if split == "test" else int(fp.get("stride", 1))
     source, name = fp.get("frames", "bridge"), fp.get("input", "frames")
-    test = _gather(Demonstrations(root, include_flagged=True), fp["test_seeds"], 1, input_transform(name), source)
-    return offline_report(model, test, seed=seed)
+    data = Demonstrations(root, include_flagged=True)
+    return _gather(data, fp[f"{split}_seeds"], stride, input_transform(name), source)
 
 
 def build(cfg: TaskConfig) -> TaskData:
