@@ -139,7 +139,7 @@ def evaluate_controller(cfg: Any, seeds: Sequence[int], env_settings: dict[str, 
     """`drive eval` for a trained controller: the episodes (in parallel with --workers) with shadow-expert
     calibration, latency and traces; with a fallback, every seed runs twice — with the fallback and without — and
     both returns are reported (mean_return is the run with the fallback)."""
-    from drive.fallback import FallbackConfig, resolve_threshold
+    from drive.fallback import fallback_for_command
     from drive.policies import aggregate, default_shadow
 
     _, path = parse_policy_spec(cfg.policy)
@@ -148,12 +148,8 @@ def evaluate_controller(cfg: Any, seeds: Sequence[int], env_settings: dict[str, 
     out: dict[str, Any] = {"policy": cfg.policy, "env": cfg.env, "seeds": list(seeds),
                            "max_episode_steps": cfg.max_episode_steps, "shadow": shadow}  # fmt: skip
     variants = [("", {**options, "fallback": "off"})]
-    if cfg.fallback != "off":
-        fb = FallbackConfig(mode=cfg.fallback)
-        threshold, origin = resolve_threshold(
-            path, fb, cfg.fallback_threshold, parse_seeds(cfg.calibrate_seeds), cfg.samples, cfg.seed,
-            {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},
-        )  # fmt: skip
+    fb, threshold, origin = fallback_for_command(cfg, path)
+    if fb is not None:
         out["fallback"] = {"mode": fb.mode, "signal": fb.signal, "quantile": fb.quantile, "threshold": threshold,
                            "threshold_origin": origin}  # fmt: skip
         variants = [("", {**options, "fallback": fb.mode, "fallback_threshold": threshold}),

@@ -189,6 +189,21 @@ def nominal_scores(policy: Any, seeds: Sequence[int], signal: str, env_kwargs: M
     return np.asarray(scores)
 
 
+def fallback_for_command(cfg: Any, path: str | Path) -> tuple[FallbackConfig | None, float | None, str]:
+    """The fallback of `drive eval` / `drive drive` from their shared options (fallback, fallback_threshold,
+    calibrate_seeds, samples, seed, env, max_episode_steps): (config, threshold, origin), or (None, None, "off")."""
+    if cfg.fallback == "off":
+        return None, None, "off"
+    from drive.rollout import parse_seeds
+
+    fb = FallbackConfig(mode=cfg.fallback)
+    threshold, origin = resolve_threshold(
+        path, fb, cfg.fallback_threshold, parse_seeds(cfg.calibrate_seeds), cfg.samples, cfg.seed,
+        {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},
+    )  # fmt: skip
+    return fb, threshold, origin
+
+
 def resolve_threshold(
     path: str | Path,
     cfg: FallbackConfig,

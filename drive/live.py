@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from drive.fallback import FallbackConfig, resolve_threshold
+from drive.fallback import fallback_for_command
 from drive.overlay import OverlayState, draw_overlay
 from drive.policies import default_shadow, load_controller_policy
 from drive.rollout import StepRecord, make_env, parse_seeds, rollout
@@ -157,13 +157,8 @@ def run(cfg: Config) -> int:
     try:
         seeds = parse_seeds(cfg.seeds)
         env_kwargs = {"name": cfg.env, "keep_raw": True, "max_episode_steps": cfg.max_episode_steps}
-        fallback, threshold = None, None
-        if cfg.fallback != "off":
-            fallback = FallbackConfig(mode=cfg.fallback)
-            threshold, origin = resolve_threshold(
-                path, fallback, cfg.fallback_threshold, parse_seeds(cfg.calibrate_seeds), cfg.samples, cfg.seed,
-                {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},
-            )  # fmt: skip
+        fallback, threshold, origin = fallback_for_command(cfg, path)
+        if fallback is not None:
             print(f"fallback threshold {threshold:.4g} ({origin})")
         shadow = default_shadow(cfg.shadow, cfg.env, path)
         policy = load_controller_policy(path, cfg.samples, cfg.seed, shadow, fallback, threshold, cfg.env)

@@ -27,3 +27,15 @@ def shared_data():
             pytest.fail(msg)
         pytest.skip(msg)
     return SHARED_DATA
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one intra-op thread for the test (2 shared cores: more threads only add contention for small
+    tensors); the previous setting is restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

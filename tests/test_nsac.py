@@ -13,14 +13,7 @@ from agents.layers.nsac_attention import NSACAttention, ou_moments
 from agents.layers.nsac_kernels import TOPK_MAX_KEYS, TOPK_MAX_SLOTS, MixKeys, PairGates, tanh_, top_k_indices
 from agents.nsac import NSACConfig
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # 2 shared cores: intra-op threads only add contention for these small tensors
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _euler_maruyama(kappa, phi, psi, t, n_paths, n_steps, seed):

@@ -21,13 +21,7 @@ from agents.layers.stochastic_attention import (
 )
 from agents.sa import LogLogPosterior, calibrate_nu, grid_search_nu, sa_evaluate
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _slope(nus, variances):

@@ -18,13 +18,7 @@ from drive.cli import main
 from drive.sa_calibrate import NU_BOUNDS, _cached_encoders, base_pass
 from drive.tasks.demos import checkpoint_split, checkpoint_test_report
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
