@@ -85,6 +85,26 @@ class Controller(nn.Module):
         """Tensors of the last forward worth recording (NSAC: kappa, phi, psi, ...). Empty by default."""
         return {}
 
+    # -- training hooks (the trainer calls these; a method that trains differently overrides them) ----------------
+    def configure_optimizer(self, lr: float, weight_decay: float, n_train: int) -> torch.optim.Optimizer:
+        """The optimizer the trainer steps (AdamW by default; IVON returns its own). n_train: training examples."""
+        return torch.optim.AdamW(self.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def training_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer, grad_clip: float) -> Tensor:
+        """One optimisation step on a batch (targets in original units); returns the detached loss."""
+        loss = self.loss(x, y)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite training loss {loss.item()}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), grad_clip)
+        optimizer.step()
+        return loss.detach()
+
+    def on_epoch_end(self, epoch: int, n_epochs: int) -> None:
+        """Called after each training epoch (SWAG collects its weight moments here). Nothing by default."""
+
     # -- for subclasses --------------------------------------------------------------------------------------------
     def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
