@@ -19,7 +19,7 @@ Deep evidential regression overrides `predict` with its closed form.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -52,6 +52,11 @@ class Controller(nn.Module):
 
     #: default number of stochastic samples for `predict` (1 for deterministic methods)
     default_samples: int = 1
+    #: for tracing `internals()`: the batch axis of each tensor (default 0), the axis holding the attention heads once
+    #: the batch axis is dropped (names absent are not per head), and the tensors that are indices, not values
+    internal_batch_axes: ClassVar[dict[str, int]] = {}
+    internal_head_axes: ClassVar[dict[str, int]] = {}
+    internal_indices: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, out_dim: int):
         super().__init__()
@@ -80,6 +85,16 @@ class Controller(nn.Module):
     def predict(self, x: Tensor, n_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
         mu, var = self.moments(x, n_samples or self.default_samples, generator)
         return total_variance(mu, var)
+
+    #: why inference-time stochastic attention (SA) cannot calibrate this controller post hoc, or None when it can
+    sa_refusal: ClassVar[str | None] = None
+
+    def deterministic_pass(self, x: Tensor) -> Prediction:
+        """The prediction without the method's own sampling, in standardised target units: the f(x) SA perturbs.
+        By default `predict` (exact for deterministic and closed-form methods, all members for an ensemble)."""
+        p = self.predict(x)
+        scale2 = self.y_scale**2
+        return Prediction((p.mean - self.y_loc) / self.y_scale, p.aleatoric_var / scale2, p.epistemic_var / scale2)
 
     def internals(self) -> dict[str, Tensor]:
         """Tensors of the last forward worth recording (NSAC: kappa, phi, psi, ...). Empty by default."""

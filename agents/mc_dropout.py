@@ -46,6 +46,8 @@ class MCDropoutConfig:
 
 
 class MCDropout(Controller):
+    sa_refusal = "MC dropout draws a dropout mask in every pass (its noise would be counted as SA dispersion)"
+
     def __init__(self, cfg: MCDropoutConfig):
         super().__init__(cfg.out_dim)
         if not 0 < cfg.dropout < 1:

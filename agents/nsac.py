@@ -36,11 +36,12 @@ NSAC's epistemic variance needs at least two tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from agents.base import Controller, gaussian_nll
+from agents.base import Controller, Prediction, gaussian_nll
 from agents.encoders import EncoderConfig, build_encoder
 from agents.layers.attention import TokenReadout
 from agents.layers.nsac_attention import NSACAttention
@@ -104,6 +105,11 @@ class NSACConfig:
 
 class NSAC(Controller):
     default_samples = 32
+    internal_batch_axes: ClassVar[dict[str, int]] = {"attention": 1}
+    internal_head_axes: ClassVar[dict[str, int]] = {
+        "kappa": 0, "phi": 0, "psi": 0, "mu": 0, "sigma2": 0, "attention": 1, "ou_time": 0, "keys": 0,
+    }  # fmt: skip
+    internal_indices: ClassVar[tuple[str, ...]] = ("keys",)
 
     def __init__(self, cfg: NSACConfig):
         super().__init__(cfg.out_dim)
@@ -142,6 +148,11 @@ class NSAC(Controller):
     def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         return self.head(x, n_samples, generator)
 
+    def deterministic_pass(self, x: Tensor) -> Prediction:
+        """The mean-logit pass (no OU noise), standardised units: what SA resamples the attention of."""
+        mu, var = self.head(x, 1, sample=False)  # (1, B, D) each
+        return Prediction(mu[0], var[0], torch.zeros_like(mu[0]))
+
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         n = self.cfg.n_passes
         mu, var = self._moments(x, n, None)  # (N, B, D)
@@ -159,5 +170,9 @@ class NSAC(Controller):
         return nll + self.cfg.reg_weight * reg
 
     def internals(self) -> dict[str, Tensor]:
-        """kappa, phi, psi, mu, sigma2 (logit mean/var), keys (B, H, n, K); attention (S, B, H, n, K); t."""
-        return self.attention.internals()
+        """kappa, phi, psi, mu, sigma2 (logit mean/var), keys (B, H, n, K); attention (S, B, H, n, K); ou_time, the
+        OU integration time t per head (1|B, H, 1, 1|n)."""
+        out = self.attention.internals()
+        if "t" in out:
+            out["ou_time"] = out.pop("t")
+        return out

@@ -62,6 +62,11 @@ class SDENetConfig:
 
 
 class SDENet(Controller):
+    sa_refusal = (
+        "SDE-Net integrates a stochastic differential equation in every pass "
+        "(its noise would be counted as SA dispersion)"
+    )
+
     def __init__(self, cfg: SDENetConfig):
         super().__init__(cfg.out_dim)
         if cfg.n_steps < 1 or cfg.t_end <= 0:

@@ -10,6 +10,7 @@ Layout of a dataset directory:
     format     "drive-demonstrations"
     version    FORMAT_VERSION
     settings   what produced the data: env, expert, action_noise (DART std), noise_seed, frame_stack,
+               frame_coding (datasets/frames.py; absent in datasets recorded before codings had names: `cropped`),
                max_episode_steps, keep_raw, min_return (flag threshold), fast_render
     episodes   one record per finished episode, sorted by seed: seed, file (relative path), return, completion
                (fraction of track tiles visited), steps, tiles, n_tiles, off_track_events, lap_finished,
@@ -17,8 +18,8 @@ Layout of a dataset directory:
 
 An episode shard of T steps with frame stack k holds (t = 0..T-1 is the step index):
 
-    frames     (T + k - 1, 84, 84) uint8   each 84x84 frame once; the policy's observation at step t is the stack
-                                           frames[t : t + k] (the first k - 1 are the reset observation's padding)
+    frames     (T + k - 1, 84, 84) uint8   each frame once, coded with settings.frame_coding; the controller's input
+                                           at step t is the stack frames[t : t + k] (the first k - 1 pad the reset)
     label      (T, 3) float32              the expert's clean action (steer, gas, brake): the behaviour-cloning target
     action     (T, 3) float32              the executed action: label + DART noise, clipped (= label without noise)
     state      (T, S) float32              the privileged state the expert acted on at step t
@@ -51,6 +52,10 @@ from typing import Any
 
 import numpy as np
 
+from datasets.errors import DataError
+from datasets.files import atomic_write
+from datasets.frames import LEGACY_CODING
+
 FORMAT = "drive-demonstrations"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -60,27 +65,11 @@ EPISODE_FIELDS = ("seed", "file", "return", "completion", "steps", "flagged", "s
 COMPRESS_LEVEL = 3  # zlib: ~2x faster than numpy's default 6 on these frames, ~15% larger
 
 
-class DemonstrationError(ValueError):
+class DemonstrationError(DataError):
     """A dataset file is missing, corrupt, truncated or inconsistent; the message names the file."""
 
 
 # -- writing ---------------------------------------------------------------------------------------------------------
-def atomic_write(path: Path, data: bytes) -> None:
-    """temp file + fsync + rename + directory fsync: after a kill, `path` is the old content or the new, never half."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def shard_path(seed: int) -> str:
     return f"{EPISODE_DIR}/seed_{int(seed):06d}.npz"
 
@@ -231,6 +220,7 @@ class Demonstrations:
             self.frame_stack = int(self.settings["frame_stack"])
         except (KeyError, TypeError, ValueError):
             raise DemonstrationError(f"{self.root / MANIFEST}: settings.frame_stack missing or not an int") from None
+        self.frame_coding = str(self.settings.get("frame_coding", LEGACY_CODING))
         everything = self.manifest["episodes"]
         if min_return is not None:
             everything = [{**e, "flagged": bool(e["return"] < min_return)} for e in everything]

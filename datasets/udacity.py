@@ -9,7 +9,7 @@ empty (a log recorded in autonomous mode carries only the center frame). Any mal
 steering outside [-1, 1] or missing image raises `UdacityLogError` naming the file and line.
 
 `preprocess` is the NSAC / car-behavioral-cloning (naokishibuya) pipeline: crop sky and hood (rows 60:-25), resize to
-200x66, RGB -> YUV, channels first. `drive/udacity_drive.py` calls this very function on live frames, so training
+200x66, RGB -> YUV, channels first. `drive udacity drive` (drive/loop/udacity.py) calls this very function on live frames, so training
 and driving can never preprocess differently. Departure: naokishibuya passes `cv2.INTER_AREA` as the third
 *positional* argument of cv2.resize, which is `dst`, so their resize is in fact bilinear; we use bilinear explicitly.
 
@@ -32,6 +32,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from datasets.errors import DataError
+
 FIELDS = ("center", "left", "right", "steering", "throttle", "brake", "speed")
 CAMERAS = ("center", "left", "right")
 FRAME_SHAPE = (160, 320, 3)  # what the simulator's cameras write: 320x160 RGB
@@ -40,7 +42,7 @@ CROP_TOP, CROP_BOTTOM = 60, 25  # sky and hood rows dropped (naokishibuya utils.
 STEERING_CORRECTION = 0.2  # left camera sees the car as if it were left of centre: steer right (+0.2)
 
 
-class UdacityLogError(ValueError):
+class UdacityLogError(DataError):
     """A driving_log.csv row, or an image it names, that cannot be used. The message names the file and line."""
 
 

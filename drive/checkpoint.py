@@ -16,18 +16,23 @@ Layout of the dict saved by torch.save:
 from __future__ import annotations
 
 import os
-import tempfile
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from agents.registry import CONTROLLERS, config_from_dict
+from datasets.files import atomic_path
+from drive.errors import UserError
+
 FORMAT = "drive-checkpoint"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError):
     """A checkpoint file is missing, corrupt, of the wrong kind or of an unknown version."""
 
 
@@ -64,14 +69,20 @@ def save(
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """torch.save to a temp file beside `path`, then rename: readers never see a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+
+KIND_NAMES = {"controller": "a trained controller (drive train)", "expert": "an expert (drive expert train)"}
+
+
+def _why_unreadable(exc: Exception) -> str:
+    """What is wrong with a file torch.load refused, in the user's terms (never torch's advice to unpickle it)."""
+    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc) or "Unsupported global" in str(exc):
+        return "it holds pickled Python objects, not only tensors and primitives (refused unread: loading it could run code)"
+    if isinstance(exc, (zipfile.BadZipFile, EOFError)) or "zip archive" in str(exc) or "central directory" in str(exc):
+        return "corrupt or truncated (not a complete torch zip archive)"
+    return f"not a torch checkpoint ({type(exc).__name__})"
 
 
 def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
@@ -82,20 +93,19 @@ def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt zip, truncated file, pickled objects refused by weights_only
-        raise CheckpointError(f"{path}: not a readable drive checkpoint ({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(f"{path}: not a readable drive checkpoint: {_why_unreadable(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a drive checkpoint (no '{FORMAT}' header)")
     if payload.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {payload.get('version')}, expected {FORMAT_VERSION}")
     if kind is not None and payload.get("kind") != kind:
-        raise CheckpointError(f"{path}: a checkpoint of kind {payload.get('kind')!r}, expected {kind!r}")
+        got = KIND_NAMES.get(str(payload.get("kind")), repr(payload.get("kind")))
+        raise CheckpointError(f"{path}: this checkpoint is {got}, but {KIND_NAMES.get(kind, kind)} is needed here")
     return payload
 
 
-def load_controller(path: str | os.PathLike):
+def load_controller(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild a trained controller from the file alone; returns (controller in eval mode, payload)."""
-    from agents.registry import CONTROLLERS, config_from_dict
-
     payload = read(path, kind="controller")
     name = payload["name"]
     if name not in CONTROLLERS:
@@ -105,6 +115,7 @@ def load_controller(path: str | os.PathLike):
         model = cfg.build()
         model.load_state_dict(payload["state_dict"])
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"{path}: config/weights do not match controller {name!r}: {exc}") from exc
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"{path}: config/weights do not match controller {name!r}: {detail}") from None
     model.eval()
     return model, payload

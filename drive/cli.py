@@ -1,58 +1,123 @@
-"""The `drive` command line: one table of subcommands, each a frozen dataclass parsed by tyro.
+"""The `drive` command line: one table of command words, each a module of drive/commands with `Config` (a frozen
+dataclass whose field docstrings are the help text) and `run(cfg) -> int`, parsed by tyro.
 
-Every command lives in its own module exposing `Config` (a frozen dataclass whose field docstrings are the help
-text) and `run(cfg) -> int | None`. Modules are imported only when their command runs, so `drive --help` is fast
-and a broken optional dependency cannot take the whole CLI down. `main(argv)` is callable in-process for tests.
+Modules are imported only when their command runs, so `drive --help` is fast and a broken optional dependency
+cannot take the whole CLI down. `main(argv)` is callable in-process for tests.
+
+Errors: anything foreseeable (`drive.errors.USER_ERRORS`: bad option values, missing or wrong files, a port that
+cannot be bound) and every option the parser rejects end in one line, `drive COMMAND: error: ...`, exit code 2;
+`--debug` anywhere on the line (or DRIVE_DEBUG=1) shows the traceback instead. Ctrl-C prints one line, exit 130.
+Anything else is a defect and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
+import os
+import re
 import sys
+from typing import Any
 
-# command words -> (module, one-line help). The module provides `Config` and `run(cfg)`.
-COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("demo",): ("drive.demo", "Main job on the embedded default: shipped expert drives, demos recorded, video saved."),
-    ("collect",): ("drive.collect", "Record expert demonstrations in CarRacing (resumable, parallel workers)."),
-    ("data", "info"): ("drive.data_info", "Summarise a recorded demonstration dataset."),
-    ("expert", "train"): ("drive.expert_train", "Train the PPO expert on privileged state, pick it on unseen tracks."),
-    ("eval",): ("drive.evaluate", "Closed-loop evaluation of an expert or trained controller on track seeds."),
-    ("train",): ("drive.train", "Train a controller (NSAC or a baseline) on a task or recorded data."),
-    ("dagger",): ("drive.dagger", "DAgger round: a trained clone drives, the expert labels, data is aggregated."),
-    ("replay",): ("drive.replay", "Render an episode trace to a video with the uncertainty overlay."),
-    ("drive",): ("drive.live", "Drive live with the uncertainty overlay (pygame window, video when headless)."),
-    ("udacity", "drive"): ("drive.udacity_drive", "Drive the Udacity simulator over socket.io with a controller."),
-    ("udacity", "record"): ("drive.udacity_record", "Record the Udacity simulator in its own driving_log.csv format."),
-    ("sa", "calibrate"): ("drive.sa_calibrate", "Calibrate inference-time stochastic attention (nu) on a controller."),
-    ("bench", "collect"): ("drive.bench.collect", "Benchmark: stock env vs fast renderer vs collect (1, 2 workers)."),
-    ("bench", "attention"): ("drive.bench.attention", "Benchmark: NSAC attention vs torch SDPA, time and memory."),
-    ("bench", "latency"): ("drive.bench.latency", "Benchmark: per-step controller latency, S samples vs one pass."),
-    ("bench", "udacity"): ("drive.bench.udacity", "Benchmark: Udacity telemetry -> steer round trip latency."),
+from drive.errors import USER_ERRORS, one_line
+
+# command words -> one-line help; the module is drive.commands.<words joined by dots>
+COMMANDS: dict[tuple[str, ...], str] = {
+    ("demo",): "Main job on the embedded default: shipped expert drives, demos recorded, shipped NSAC drives.",
+    ("collect",): "Record expert demonstrations in CarRacing (resumable, parallel workers).",
+    ("data", "info"): "Summarise a recorded demonstration dataset.",
+    ("expert", "train"): "Train the PPO expert on privileged state, pick it on unseen tracks.",
+    ("eval",): "Closed-loop evaluation of an expert or trained controller on track seeds.",
+    ("train",): "Train a controller (NSAC or a baseline) on a task or recorded data.",
+    ("dagger",): "DAgger round: a trained clone drives, the expert labels, data is aggregated.",
+    ("results",): "Table of controllers trained and driven alike (closed loop beside offline metrics).",
+    ("replay",): "Render an episode trace to a video with the uncertainty overlay.",
+    ("drive",): "Drive live with the uncertainty overlay (pygame window, video when headless).",
+    ("fallback", "calibrate"): "Calibrate a controller's fallback threshold on nominal laps, store it in the file.",
+    ("udacity", "drive"): "Drive the Udacity simulator over socket.io with a controller.",
+    ("udacity", "record"): "Record the Udacity simulator in its own driving_log.csv format.",
+    ("udacity", "standin"): "The Udacity simulator's client, stand-in: a recording or CarRacing over the protocol.",
+    ("sa", "calibrate"): "Calibrate inference-time stochastic attention (nu) on a controller.",
+    ("bench", "collect"): "Benchmark: stock env vs fast renderer vs collect (1, 2 workers).",
+    ("bench", "attention"): "Benchmark: NSAC attention vs torch SDPA, time and memory.",
+    ("bench", "latency"): "Benchmark: per-step controller latency, S samples vs one pass.",
+    ("bench", "udacity"): "Benchmark: Udacity telemetry -> steer round trip latency.",
+    ("bench", "render"): "Benchmark: the fast CarRacing renderer against the stock one, per frame.",
 }
 
 
+def module_name(words: tuple[str, ...]) -> str:
+    return "drive.commands." + ".".join(words)
+
+
 def _usage() -> str:
-    lines = ["usage: drive COMMAND [OPTIONS]   (drive COMMAND --help for its options)", "", "commands:"]
-    available = {words: spec for words, spec in COMMANDS.items() if importlib.util.find_spec(spec[0]) is not None}
-    width = max(len(" ".join(w)) for w in available) if available else 10
-    for words, (_, help_) in available.items():
+    lines = ["usage: drive COMMAND [OPTIONS]   (drive COMMAND --help for its options; --debug shows tracebacks)", "",
+             "commands:"]  # fmt: skip
+    width = max(len(" ".join(w)) for w in COMMANDS)
+    for words, help_ in COMMANDS.items():
         lines.append(f"  {' '.join(words):<{width}}  {help_}")
     return "\n".join(lines)
 
 
 def _find_command(argv: list[str]) -> tuple[tuple[str, ...], list[str]] | None:
-    # Longest match first, so `drive udacity drive` wins over `drive drive`-style prefixes.
-    for words in sorted(COMMANDS, key=len, reverse=True):
+    for words in sorted(COMMANDS, key=len, reverse=True):  # longest first: `udacity drive` before `drive`
         if tuple(argv[: len(words)]) == words:
             return words, argv[len(words) :]
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    import tyro
+class _ParseError(Exception):
+    """tyro rejected the command line; the message is one line."""
 
+
+def _parse_error_message(event: Any) -> str:
+    """One line for any tyro parse-failure event (tyro._errors; unknown kinds fall back to their class name)."""
+    from tyro import _errors as te
+
+    def flag(arg: Any) -> str:
+        lowered = arg.lowered
+        return str(lowered.metavar) if arg.is_positional() else "/".join(lowered.name_or_flags)
+
+    if isinstance(event, te.UnrecognizedArgs):
+        return f"unrecognized option(s): {' '.join(event.tokens)}"
+    if isinstance(event, te.MissingArgs):
+        return "missing required option(s): " + ", ".join(flag(a.arg) for a in event.missing_arguments)
+    if isinstance(event, te.InvalidChoice):
+        return f"{flag(event.argument)}: invalid choice {event.value!r} (choose from {', '.join(event.choices)})"
+    if isinstance(event, te.BadValue):
+        value = f" {event.offending_value!r}" if event.offending_value is not None else ""
+        return f"{flag(event.argument)}: invalid value{value} ({one_line(Exception(event.reason))})"
+    if isinstance(event, te.InstantiationFailure):
+        if event.argument is None:
+            return one_line(Exception(event.message))
+        expected = str(event.argument.lowered.metavar or "").replace("{None}|", "")
+        message = one_line(Exception(event.message))
+        found = re.search(r"from \[(.*?)\]", message)
+        got = found.group(1).replace("'", "") if found else ""
+        if "could be instantiated" in message or "invalid literal" in message or not message:
+            message = f"invalid value{f' {got!r}' if got else ''} (expected {expected})"
+        return f"{flag(event.argument)}: {message}"
+    return f"invalid command line ({type(event).__name__})"
+
+
+def _parse(module: Any, rest: list[str], prog: str, help_: str) -> Any:
+    import tyro
+    from tyro import _errors as te
+
+    description = help_ + ("\n\n" + module.epilog() if hasattr(module, "epilog") else "")
+
+    def hook(event: Any) -> None:
+        raise _ParseError(_parse_error_message(event))
+
+    with te.on_parse_error(hook):
+        return tyro.cli(module.Config, args=rest, prog=prog, description=description)
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("DRIVE_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
@@ -63,14 +128,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     found = _find_command(argv)
     if found is None:
-        print(f"drive: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
+        print(f"drive: error: unknown command {' '.join(argv[:2])!r} (drive --help lists them)", file=sys.stderr)
         return 2
     words, rest = found
-    module_name, help_ = COMMANDS[words]
-    module = importlib.import_module(module_name)
-    cfg = tyro.cli(module.Config, args=rest, prog=f"drive {' '.join(words)}", description=help_)
-    code = module.run(cfg)
-    return int(code or 0)
+    prog = f"drive {' '.join(words)}"
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        module = importlib.import_module(module_name(words))
+        cfg = _parse(module, rest, prog, COMMANDS[words])
+        return int(module.run(cfg) or 0)
+    except _ParseError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except USER_ERRORS as exc:
+        if debug:
+            raise
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
-"""CarRacing-v3 (continuous) as our bridge: an 84x84 grayscale frame stack, or a privileged state vector.
+"""CarRacing-v3 (continuous) as our bridge: the 96x96 RGB frame, or a privileged state vector, plus rich info.
 
-`make_carracing(mode=...)` subclasses gymnasium's `CarRacing` (no registry hacks) and wraps it in `TimeLimit`.
-Step semantics (physics, reward, termination) are the stock ones in both modes; only the observation differs:
+`make_carracing(mode=...)` subclasses gymnasium's `CarRacing` and wraps it in `TimeLimit`; `sim_bridges.registry`
+registers it as `drive/CarRacing-v0` for `gym.make`. Step semantics (physics, reward, termination) are the stock
+ones in both modes; only the observation differs:
 
-- ``mode="pixels"``: ``(frame_stack, 84, 84) uint8``, each frame `preprocess_frame` of the 96x96 RGB state pixels
-  (drawn by `sim_bridges.fast_render` when ``fast_render=True``, else by the stock pygame renderer).
-- ``mode="state"``: the privileged state vector below; the 96x96 frame is never drawn (fast mode for RL).
+- ``mode="pixels"``: ``(96, 96, 3) uint8`` RGB, the stock observation (drawn by `sim_bridges.fast_render` when
+  ``fast_render=True``, bit-identical to the stock pygame renderer). The bridge does not code or stack frames: what
+  a controller sees is coded once per step by its `datasets.frames.ObservationCoder`, the coder training used.
+- ``mode="state"``: the privileged state vector below; the frame is never drawn (fast mode for RL and experts).
 
 Privileged state (float32, ``STATE_DIM`` values, names in ``STATE_NAMES``). Units: metres, seconds, radians.
 The car frame is x forward, y to the LEFT; angles are counter-clockwise positive (so a positive heading error or
@@ -33,7 +35,6 @@ from __future__ import annotations
 import logging
 import math
 
-import cv2
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -54,24 +55,11 @@ STATE_DIM = len(STATE_NAMES)
 IDX = {name: i for i, name in enumerate(STATE_NAMES)}
 LOOKAHEAD_START = len(_BASE_NAMES)
 
-FRAME_SIZE = 84
 INFO_KEYS = ("state", "speed", "progress", "tiles_visited", "n_tiles", "pose", "off_track", "lap_finished")
+ACTION_NAMES = ("steer", "gas", "brake")
 ACTION_LOW = np.array([-1.0, 0.0, 0.0], dtype=np.float32)
 ACTION_HIGH = np.array([1.0, 1.0, 1.0], dtype=np.float32)
-
-
-def preprocess_frame(rgb96: np.ndarray) -> np.ndarray:
-    """96x96x3 RGB state pixels -> (84, 84) uint8 grayscale controller frame.
-
-    The bottom 12 rows hold the indicator bar (speed, ABS, steer, gyro bars drawn over black: the stock renderer's
-    bottom 5/40 of the window), which we crop; the remaining 84x96 road view is resized to 84x84 with area
-    averaging (keeps the full width of the view) and converted to gray with ITU-R 601 weights (cv2's RGB2GRAY).
-    """
-    if rgb96.shape != (96, 96, 3) or rgb96.dtype != np.uint8:
-        raise ValueError(f"preprocess_frame expects (96, 96, 3) uint8, got {rgb96.shape} {rgb96.dtype}")
-    road = rgb96[:FRAME_SIZE]  # (84, 96, 3)
-    road = cv2.resize(road, (FRAME_SIZE, FRAME_SIZE), interpolation=cv2.INTER_AREA)  # (84, 84, 3)
-    return cv2.cvtColor(road, cv2.COLOR_RGB2GRAY)  # (84, 84)
+FRAME_SHAPE = (96, 96, 3)
 
 
 def _wrap(angle):
@@ -81,28 +69,21 @@ def _wrap(angle):
 class CarRacingBridge(CarRacing):
     """Stock CarRacing physics and reward; our observation (pixels or privileged state) and info."""
 
-    def __init__(self, mode="pixels", frame_stack=4, fast_render=True, keep_raw=False, render_mode=None):
+    def __init__(self, mode="pixels", fast_render=True, render_mode=None):
         if mode not in ("pixels", "state"):
             raise ValueError(f"mode must be 'pixels' or 'state', got {mode!r}")
-        if frame_stack < 1:
-            raise ValueError(f"frame_stack must be >= 1, got {frame_stack}")
         super().__init__(render_mode=render_mode, continuous=True)
-        self.mode, self.frame_stack, self.keep_raw = mode, int(frame_stack), bool(keep_raw)
+        self.mode = mode
         self._fast = None
         if mode == "pixels" and fast_render:
-            try:
-                from sim_bridges.fast_render import render_state_pixels
-            except ImportError as exc:
-                raise ImportError(
-                    f"fast_render=True needs sim_bridges.fast_render ({exc}); pass fast_render=False"
-                ) from exc
+            from sim_bridges.fast_render import render_state_pixels
+
             self._fast = render_state_pixels
         self.action_space = spaces.Box(ACTION_LOW, ACTION_HIGH, dtype=np.float32)
         if mode == "pixels":
-            self.observation_space = spaces.Box(0, 255, (self.frame_stack, FRAME_SIZE, FRAME_SIZE), np.uint8)
+            self.observation_space = spaces.Box(0, 255, FRAME_SHAPE, np.uint8)
         else:
             self.observation_space = spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32)
-        self._frames = np.zeros((self.frame_stack, FRAME_SIZE, FRAME_SIZE), np.uint8)
         self._prev_action = np.zeros(3, np.float32)
 
     # --- rendering: skipped in state mode, optionally replaced by the fast renderer in pixel mode ---
@@ -181,20 +162,18 @@ class CarRacingBridge(CarRacing):
             "off_track": bool(state[IDX["off_track"]]),
             "lap_finished": bool(base_info.get("lap_finished", False)),
         }
-        if self.keep_raw and self.mode == "pixels":
-            info["raw_frame"] = self.state
         return info
 
     def _observe(self, info):
         if self.mode == "state":
             return info["state"].copy()
-        return self._frames.copy()
+        return np.array(self.state, dtype=np.uint8)  # (96, 96, 3) RGB, a copy: the renderer reuses its buffer
 
     def place_car(self, x: float, y: float, heading: float):
         """Replace the car by one at rest at (x, y) whose nose points along `heading` (world angle, rad).
 
         For tests and training-time start perturbations; returns the new (observation, info). Tiles already
-        visited stay visited; in pixel mode the frame stack is refilled with the new view.
+        visited stay visited; in pixel mode the observation is the new view.
         """
         from gymnasium.envs.box2d.car_dynamics import Car
 
@@ -204,7 +183,6 @@ class CarRacingBridge(CarRacing):
         self.world.Step(0.0, 6 * 30, 2 * 30)  # dt = 0: registers the wheel/tile contacts without moving anything
         if self.mode == "pixels":
             self.state = self._render("state_pixels")
-            self._frames[:] = preprocess_frame(self.state)[None]
         info = self._info({})
         return self._observe(info), info
 
@@ -212,8 +190,6 @@ class CarRacingBridge(CarRacing):
         self._prev_action = np.zeros(3, np.float32)
         super().reset(seed=seed, options=options)  # calls self.step(None) once, which renders the first frame
         self._build_geometry()
-        if self.mode == "pixels":
-            self._frames[:] = preprocess_frame(self.state)[None]
         info = self._info({})
         return self._observe(info), info
 
@@ -225,41 +201,10 @@ class CarRacingBridge(CarRacing):
             raise ValueError(f"non-finite action {action}")
         _, reward, terminated, truncated, base_info = super().step(action)
         self._prev_action = action
-        if self.mode == "pixels":
-            self._frames[:-1] = self._frames[1:]
-            self._frames[-1] = preprocess_frame(self.state)
         info = self._info(base_info)
         return self._observe(info), float(reward), terminated, truncated, info
 
 
-def make_carracing(
-    mode="pixels", frame_stack=4, fast_render=True, keep_raw=False, max_episode_steps=1000, render_mode=None
-) -> gym.Env:
+def make_carracing(mode="pixels", fast_render=True, max_episode_steps=1000, render_mode=None) -> gym.Env:
     """CarRacing-v3 (continuous) bridge wrapped in TimeLimit(max_episode_steps); see the module docstring."""
-    env = CarRacingBridge(mode, frame_stack, fast_render, keep_raw, render_mode)
-    return TimeLimit(env, max_episode_steps=max_episode_steps)
-
-
-def check_bridge(env: gym.Env) -> None:
-    """Gymnasium's check_env plus our contract: action layout, observation dtype/shape, info keys on reset/step."""
-    from gymnasium.utils.env_checker import check_env
-
-    check_env(env.unwrapped, skip_render_check=True)
-    box = env.action_space
-    if not (isinstance(box, spaces.Box) and box.shape == (3,) and box.dtype == np.float32):
-        raise AssertionError(f"action space must be Box(3,) float32 (steer, gas, brake), got {box}")
-    if not (np.array_equal(box.low, ACTION_LOW) and np.array_equal(box.high, ACTION_HIGH)):
-        raise AssertionError(f"action bounds must be {ACTION_LOW}..{ACTION_HIGH}, got {box.low}..{box.high}")
-    obs, info = env.reset(seed=0)
-    step_obs, _, _, _, step_info = env.step(np.array([0.0, 0.5, 0.0], np.float32))
-    for when, o, inf in (("reset", obs, info), ("step", step_obs, step_info)):
-        space = env.observation_space
-        if o.shape != space.shape or o.dtype != space.dtype:
-            raise AssertionError(f"{when}: observation {o.shape} {o.dtype} does not match {space}")
-        missing = [k for k in INFO_KEYS if k not in inf]
-        if missing:
-            raise AssertionError(f"{when}: info lacks {missing}")
-        if inf["state"].shape != (STATE_DIM,) or inf["state"].dtype != np.float32:
-            raise AssertionError(f"{when}: info['state'] must be ({STATE_DIM},) float32, got {inf['state'].shape}")
-        if not np.all(np.isfinite(inf["state"])):
-            raise AssertionError(f"{when}: info['state'] has non-finite values")
+    return TimeLimit(CarRacingBridge(mode, fast_render, render_mode), max_episode_steps=max_episode_steps)

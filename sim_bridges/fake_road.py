@@ -1,14 +1,15 @@
 """A tiny, fast fake road with the CarRacing bridge's contract, for tests of the closed loop and the recorder.
 
 Not a simulator of anything real: a kinematic car on a closed road whose curvature is a few seeded sinusoids.
-It speaks the same contract as `sim_bridges.carracing.make_carracing(mode="pixels")`:
+It speaks the same contract as `sim_bridges.carracing.make_carracing(mode="pixels")` (registered as
+`drive/FakeRoad-v0`):
 
-- observation: a frame stack (frame_stack, 84, 84) uint8 (a sliding window, padded on reset by repeating the first
-  frame, like gymnasium's FrameStackObservation);
+- observation: a (96, 96, 3) uint8 RGB frame of the road ahead (a speed bar at the bottom, like CarRacing's
+  dashboard), coded for controllers by `datasets.frames` like CarRacing's;
 - action: Box(3) = (steer in [-1, 1], gas in [0, 1], brake in [0, 1]);
 - reward: +1000 / n_tiles for each new tile reached, -0.1 per step (CarRacing's scheme);
 - info: "state" (privileged float32 vector), "speed", "progress", "tiles_visited", "n_tiles", "pose" (x, y,
-  heading), "off_track", "lap_finished", and "raw_frame" (96, 96, 3) uint8 when keep_raw.
+  heading), "off_track", "lap_finished".
 
 It runs thousands of steps per second, so tests can drive whole episodes in milliseconds. `FakeRoadDriver` is the
 road's scripted driver (acts from info["state"] like the CarRacing experts).
@@ -19,7 +20,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.wrappers import FrameStackObservation, TimeLimit
+from gymnasium.wrappers import TimeLimit
 
 DT = 0.05  # s per step, CarRacing's 50 FPS
 HALF_WIDTH = 1.0  # road half-width (m); beyond it the car is off track
@@ -31,15 +32,14 @@ STATE_FIELDS = ("speed", "heading_error", "lateral_offset", "curvature_2m", "cur
 
 
 class FakeRoad(gym.Env):
-    """One-frame fake road; wrap with `make_fake_road` for the stacked, time-limited bridge."""
+    """The fake road; `make_fake_road` wraps it in a TimeLimit."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 50}
 
-    def __init__(self, n_tiles: int = 60, keep_raw: bool = False):
+    def __init__(self, n_tiles: int = 60):
         self.n_tiles = n_tiles
-        self.keep_raw = keep_raw
         self.length = 0.6 * n_tiles  # m of road; a tile is 0.6 m
-        self.observation_space = spaces.Box(0, 255, (84, 84), np.uint8)
+        self.observation_space = spaces.Box(0, 255, (96, 96, 3), np.uint8)
         self.action_space = spaces.Box(np.array([-1, 0, 0], np.float32), np.array([1, 1, 1], np.float32))
         self._rows = np.arange(84, dtype=np.float32)[::-1, None] * 0.12  # (84, 1) m ahead of the car, per row
         self._cols = (np.arange(84, dtype=np.float32)[None, :] - 41.5) * 0.05  # (1, 84) m across, per column
@@ -88,6 +88,11 @@ class FakeRoad(gym.Env):
         return self._frame(), reward, bool(self.lap or lost), False, self._info()
 
     def _frame(self) -> np.ndarray:
+        """(96, 96, 3) uint8 RGB: the 84x84 gray road map upscaled (nearest) and tinted."""
+        gray = np.repeat(np.repeat(self._gray(), 8, 0), 8, 1)[::7, ::7][:96, :96]  # (96, 96)
+        return np.stack([gray, gray // 2 + 60, gray // 3], -1).astype(np.uint8)
+
+    def _gray(self) -> np.ndarray:
         dist = self._rows  # (84, 1)
         kappa = self._curvature(self.s + dist[:, 0])[:, None]  # (84, 1)
         centre = -self.d - np.sin(self.psi) * dist + 0.5 * kappa * dist**2  # (84, 1) road centre in car frame
@@ -110,22 +115,15 @@ class FakeRoad(gym.Env):
             "off_track": bool(self.off),
             "lap_finished": bool(self.lap),
         }
-        if self.keep_raw:
-            gray = np.repeat(np.repeat(self._frame(), 8, 0), 8, 1)[::7, ::7][:96, :96]  # (96, 96) nearest upscale
-            info["raw_frame"] = np.stack([gray, gray // 2 + 60, gray // 3], -1).astype(np.uint8)  # (96, 96, 3)
         return info
 
     def render(self):
-        return np.repeat(self._frame()[..., None], 3, -1)
+        return self._frame()
 
 
-def make_fake_road(
-    frame_stack: int = 4, keep_raw: bool = False, max_episode_steps: int = 300, n_tiles: int = 60
-) -> gym.Env:
-    """The fake road with the pixel bridge's contract: (frame_stack, 84, 84) uint8 observations, Box(3) actions."""
-    env: gym.Env = FakeRoad(n_tiles=n_tiles, keep_raw=keep_raw)
-    env = FrameStackObservation(env, frame_stack)
-    return TimeLimit(env, max_episode_steps)
+def make_fake_road(max_episode_steps: int = 300, n_tiles: int = 60) -> gym.Env:
+    """The fake road with the pixel bridge's contract: (96, 96, 3) uint8 observations, Box(3) actions."""
+    return TimeLimit(FakeRoad(n_tiles=n_tiles), max_episode_steps)
 
 
 class FakeRoadDriver:

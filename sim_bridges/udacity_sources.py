@@ -93,11 +93,8 @@ class CarRacingSource:
     def __init__(self, seed: int = 0, max_steps: int = 3000, jpeg_quality: int = 75, fast_render: bool = True):
         from sim_bridges.carracing import make_carracing
 
-        try:
-            self.env = make_carracing("pixels", 1, fast_render, keep_raw=True, max_episode_steps=max_steps)
-        except ImportError:  # the fast renderer is optional
-            self.env = make_carracing("pixels", 1, False, keep_raw=True, max_episode_steps=max_steps)
-        _, self.info = self.env.reset(seed=seed)
+        self.env = make_carracing("pixels", fast_render, max_episode_steps=max_steps)
+        self.frame, self.info = self.env.reset(seed=seed)  # (96, 96, 3) RGB
         self.quality = jpeg_quality
         self.steering = self.throttle = 0.0
         self.result = {"seed": seed, "steps": 0, "return": 0.0, "lap_finished": False, "progress": 0.0,
@@ -105,10 +102,10 @@ class CarRacingSource:
         self.done = False
 
     def reference_jpeg(self) -> bytes:
-        return encode_jpeg(carracing_camera(self.info["raw_frame"]), self.quality)
+        return encode_jpeg(carracing_camera(self.frame), self.quality)
 
     def telemetry(self) -> dict[str, str]:
-        jpeg = encode_jpeg(carracing_camera(self.info["raw_frame"]), self.quality)
+        jpeg = encode_jpeg(carracing_camera(self.frame), self.quality)
         return {
             "steering_angle": n4(self.steering * MAX_STEER_DEG),
             "throttle": n4(max(self.throttle, 0.0)),
@@ -121,7 +118,7 @@ class CarRacingSource:
             return
         self.steering, self.throttle = steering, throttle
         action = np.array([steering, max(throttle, 0.0), max(-throttle, 0.0)], np.float32)
-        _, reward, terminated, truncated, self.info = self.env.step(action)
+        self.frame, reward, terminated, truncated, self.info = self.env.step(action)
         r = self.result
         r["steps"] += 1
         r["return"] += float(reward)

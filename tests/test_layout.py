@@ -1,9 +1,10 @@
-"""Architecture rules from STYLE.md: one import direction, and our packages resolve inside the repo."""
+"""Architecture rules (STYLE.md): one import direction, no cycle, layers that never reach up, small modules."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,43 +12,172 @@ import pytest
 from tests.conftest import REPO
 
 LOWER = ("agents", "sim_bridges", "datasets")
+PACKAGES = ("drive", *LOWER)
+MAX_MODULE_LINES = 340  # the guideline is ~300; a hard stop a little above it
+MAX_FUNCTION_LINES = 60
 
 
-def _imports(path: Path) -> set[str]:
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _imported(name: str, path: Path) -> set[str]:
+    """Our modules that `name` imports anywhere in its file (functions included), resolved to module names."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
+    out: set[str] = set()
     for node in ast.walk(tree):
+        targets: list[str] = []
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+GRAPH = {name: _imported(name, path) for name, path in MODULES.items()}
 
 
 @pytest.mark.parametrize("package", LOWER)
 def test_lower_packages_never_import_drive_or_each_other(package):
     forbidden = {"drive", *LOWER} - {package}
-    offenders = {}
-    for path in sorted((REPO / package).rglob("*.py")):
-        bad = _imports(path) & forbidden
-        if bad:
-            offenders[str(path.relative_to(REPO))] = sorted(bad)
+    offenders = {m: sorted(d for d in deps if d.split(".")[0] in forbidden) for m, deps in GRAPH.items()
+                 if m.split(".")[0] == package}  # fmt: skip
+    offenders = {m: d for m, d in offenders.items() if d}
     assert not offenders, f"import direction is drive -> agents, sim_bridges, datasets; violations: {offenders}"
 
 
-@pytest.mark.parametrize("package", ["drive", *LOWER])
+def test_no_import_cycle():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def _is_command(m: str) -> bool:
+    return m.startswith("drive.commands.") or m == "drive.cli"
+
+
+def _is_task_plugin(m: str) -> bool:
+    return m.startswith("drive.learn.tasks.")
+
+
+def test_no_library_module_imports_a_command_or_a_task_plugin():
+    offenders = {}
+    for m, deps in GRAPH.items():
+        if _is_command(m) or _is_task_plugin(m) or m == "drive.__main__":
+            continue
+        bad = sorted(d for d in deps if _is_command(d) or _is_task_plugin(d))
+        if bad:
+            offenders[m] = bad
+    assert not offenders, f"library modules import commands or task plugins: {offenders}"
+
+
+def test_commands_import_no_other_command_but_demo():
+    offenders = {m: sorted(d for d in deps if _is_command(d) and d != "drive.cli") for m, deps in GRAPH.items()
+                 if m.startswith("drive.commands.") and m != "drive.commands.demo"}  # fmt: skip
+    offenders = {m: d for m, d in offenders.items() if d}
+    assert not offenders, f"a command imports another command: {offenders}"
+
+
+def test_layers_point_down():
+    # observe draws what the loop produces; learn trains without the loop; the shared bottom imports no layer
+    rules = {"drive.loop": ("drive.observe", "drive.learn"), "drive.learn": ("drive.observe", "drive.loop"),
+             "drive.observe": ("drive.learn",),
+             "drive.checkpoint": ("drive.loop", "drive.learn", "drive.observe"),
+             "drive.metrics": ("drive.loop", "drive.learn", "drive.observe", "drive.checkpoint")}  # fmt: skip
+    offenders = {}
+    for m, deps in GRAPH.items():
+        for layer, banned in rules.items():
+            if m == layer or m.startswith(layer + "."):
+                bad = sorted(d for d in deps if any(d == b or d.startswith(b + ".") for b in banned))
+                if bad:
+                    offenders[m] = bad
+    assert not offenders, f"layer violations: {offenders}"
+
+
+def test_modules_and_functions_stay_small():
+    long_modules, long_functions = {}, {}
+    for name, path in MODULES.items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules[name] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > MAX_FUNCTION_LINES:
+                    long_functions[f"{name}:{node.name}"] = length
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_packages_resolve_inside_the_repo(package):
     # `datasets` and `agents` are also names of PyPI packages: ours must win.
     module = importlib.import_module(package)
     assert Path(module.__file__).resolve().is_relative_to(REPO), module.__file__
 
 
-def test_cli_lists_commands_and_every_module_exists(capsys):
-    from drive.cli import COMMANDS, main
+def test_every_command_word_has_its_module_and_nothing_else_is_a_command(capsys):
+    from drive.cli import COMMANDS, main, module_name
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    missing = [name for name, _ in COMMANDS.values() if importlib.util.find_spec(name) is None]
-    assert not missing, f"commands without a module: {missing}"
     for words in COMMANDS:
         assert " ".join(words) in out
+        module = importlib.import_module(module_name(words))
+        assert hasattr(module, "Config") and callable(module.run), module_name(words)
+    commands = {m for m, p in MODULES.items() if m.startswith("drive.commands.") and p.name != "__init__.py"}
+    assert commands == {module_name(w) for w in COMMANDS}, "a module in drive/commands is not in the table"
+    tyro_free = [m for m, p in MODULES.items() if "argparse" in p.read_text() and "import argparse" in p.read_text()]
+    assert not tyro_free, f"modules parsing arguments outside the command table: {tyro_free}"
+
+
+def test_readme_layout_names_every_folder():
+    text = (REPO / "README.md").read_text()
+    layout = text[text.index("## Layout") :]
+    layout = layout[: layout.index("\n## ", 4)]
+    folders = {p.relative_to(REPO).as_posix() + "/" for pkg in PACKAGES for p in (REPO / pkg).rglob("*")
+               if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))}  # fmt: skip
+    missing = sorted(f for f in folders if f.rstrip("/").rsplit("/", 1)[-1] + "/" not in layout)
+    assert not missing, f"README's layout section does not name: {missing}"

@@ -1,0 +1,86 @@
+"""Quick figures for the fast CarRacing renderer: per-frame render time vs stock on identical states, and steps/s.
+
+Run `drive bench render [--steps N] [--seed S] [--profile]`. Frames are timed interleaved on the
+same env state (stock `_render("state_pixels")`, then ours, alternating which goes first), and medians of
+CPU time are reported, so a busy shared machine skews both sides alike. Not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from gymnasium.envs.box2d.car_racing import CarRacing
+
+from sim_bridges.fast_render import render_state_pixels
+
+
+@dataclass(frozen=True)
+class Config:
+    steps: int = 400
+    """steps per measurement"""
+    seed: int = 0
+    """track seed"""
+    profile: bool = False
+    """also print a cProfile of the fast step loop"""
+
+
+def _actions(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [np.array([rng.uniform(-1, 1), rng.uniform(0.2, 1), 0.0]) for _ in range(n)]
+
+
+def frame_times(n_steps: int, seed: int) -> tuple[list[float], list[float]]:
+    """CPU seconds per frame, stock and fast, each measured on the same state after every step."""
+    env = CarRacing()
+    env.reset(seed=seed)
+    env._render = lambda mode: None  # physics only while stepping; frames are rendered below
+    stock_render = CarRacing._render.__get__(env)
+    stock, fast = [], []
+    for k, a in enumerate(_actions(n_steps, seed)):
+        env.step(a)
+        for which in (0, 1) if k % 2 else (1, 0):
+            t0 = time.process_time()
+            out = stock_render("state_pixels") if which == 0 else render_state_pixels(env)
+            (stock if which == 0 else fast).append(time.process_time() - t0)
+            if which == 0:
+                ref = out
+            else:
+                got = out
+        if not np.array_equal(ref, got):
+            raise RuntimeError(f"frame {k}: the fast renderer differs from the stock one")
+    return stock, fast
+
+
+def steps_per_second(n_steps: int, seed: int, mode: str) -> float:
+    env = CarRacing()
+    if mode == "fast":
+        env._render = lambda m: render_state_pixels(env)
+    elif mode == "physics":
+        env._render = lambda m: None
+    env.reset(seed=seed)
+    actions = _actions(n_steps, seed)
+    t0 = time.perf_counter()
+    for a in actions:
+        env.step(a)
+    return n_steps / (time.perf_counter() - t0)
+
+
+def run(cfg: Config) -> int:
+    stock, fast = frame_times(cfg.steps, cfg.seed)
+    ms_s, ms_f = 1e3 * statistics.median(stock), 1e3 * statistics.median(fast)
+    print(f"render per frame (median of {cfg.steps}): stock {ms_s:.3f} ms, fast {ms_f:.3f} ms, x{ms_s / ms_f:.2f}")
+    rates = {mode: steps_per_second(cfg.steps, cfg.seed, mode) for mode in ("stock", "fast", "physics")}
+    print(f"env steps/s: stock {rates['stock']:.0f}, fast {rates['fast']:.0f} (x{rates['fast'] / rates['stock']:.2f}),"
+          f" physics only {rates['physics']:.0f}")  # fmt: skip
+    if cfg.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        steps_per_second(cfg.steps, cfg.seed, "fast")
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    return 0

@@ -1,0 +1,153 @@
+"""`drive bench udacity`: the telemetry -> steer round trip through the bridge with a controller, p50/p95.
+
+What is timed: the stand-in (`drive udacity standin`, a separate process, as the simulator is)
+replays real frames from a recorded driving_log.csv; for each telemetry packet it sends, it records the time until
+the `steer` answering it arrives. In between: websocket + engine.io + Socket.IO (python-socketio threading mode, the
+server we ship), JSON, base64, JPEG decode and validation, `datasets.udacity.preprocess`, the controller's
+`predict(x, S)` and the speed controller, the answer's encoding. Run twice: with one answer chain (the pure round
+trip) and with the simulator's two chains (each frame may also wait behind the other chain's frame). The
+controller alone (preprocess + predict, in-process) is timed too. Target: single-chain p95 < 30 ms with S = 16.
+Default controller: an untrained NSAC from agents.registry with the nvidia encoder (its latency is that of a
+trained one); `--checkpoint` for a trained one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from agents.encoders import EncoderConfig
+from agents.registry import CONTROLLERS, build_controller
+from datasets.root import REPO, data_root
+from drive.checkpoint import load_controller
+from drive.loop.udacity import SpeedConfig, SpeedController, SteeringPolicy
+from sim_bridges.udacity import UdacityEnv
+from sim_bridges.udacity_protocol import decode_jpeg
+from sim_bridges.udacity_sources import read_driving_log
+
+
+@dataclass(frozen=True)
+class Config:
+    checkpoint: str = "checkpoints/udacity_nsac.pt"
+    """a trained controller checkpoint (default: the shipped Udacity NSAC); '' measures an untrained controller"""
+    controller: str = "nsac"
+    """registry name of the untrained controller"""
+    d_model: int = 32
+    """token width of the untrained controller's nvidia encoder (the udacity task's default)"""
+    n_samples: int = 16
+    """stochastic samples per prediction (S)"""
+    frames: int = 300
+    """timed round trips per run"""
+    warmup: int = 30
+    """round trips discarded first"""
+    data: str = ""
+    """driving_log.csv (or its directory) to replay (default: udacity_sim in $DRIVE_DATA_ROOT or ../shared/data)"""
+    threads: int = 1
+    """torch CPU threads"""
+    out: str = ""
+    """write the results as JSON here"""
+    seed: int = 0
+    """seed of the model's initialisation and sampling"""
+
+
+def _data_dir(cfg: Config) -> Path:
+    return Path(cfg.data) if cfg.data else data_root() / "udacity_sim"
+
+
+def _model(cfg: Config):
+    if cfg.checkpoint:
+        path = Path(cfg.checkpoint)
+        if not path.is_absolute() and not path.exists():  # the shipped default, run from outside the checkout
+            path = REPO / path
+        return load_controller(path)[0], str(cfg.checkpoint)
+    torch.manual_seed(cfg.seed)
+    mcfg = CONTROLLERS[cfg.controller](encoder=EncoderConfig(kind="nvidia", d_model=cfg.d_model))
+    name = f"untrained {cfg.controller} (nvidia encoder, d={cfg.d_model})"
+    return build_controller(cfg.controller, mcfg).eval(), name
+
+
+def _pct(ms: list[float]) -> dict[str, float]:
+    a = np.asarray(ms, dtype=np.float64)
+    return {"n": int(a.size), "p50_ms": float(np.percentile(a, 50)), "p95_ms": float(np.percentile(a, 95)),
+            "mean_ms": float(a.mean())}  # fmt: skip
+
+
+def _round_trips(cfg: Config, policy, data: Path, single_chain: bool) -> dict:
+    env = UdacityEnv(port=0, timeout_s=3.0, connect_timeout_s=30.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "standin.json"
+        cmd = [sys.executable, "-m", "drive", "udacity", "standin", "--replay", str(data), "--json", str(report_path),
+               "--port", str(env.server.port), "--max-telemetry", str(cfg.frames + cfg.warmup)]  # fmt: skip
+        standin = subprocess.Popen(cmd + (["--single-chain"] if single_chain else []), stdout=subprocess.DEVNULL)
+        try:
+            obs, info = env.reset()
+            policy.reset()
+            server_ms = []
+            while True:
+                out = policy.act(obs, info)
+                server_ms.append(out.latency_ms)
+                obs, _, _, truncated, info = env.step(out.action)
+                if truncated:
+                    break
+            standin.wait(timeout=30)
+        finally:
+            if standin.poll() is None:
+                standin.kill()
+            stats = env.server.snapshot()
+            env.close()
+        report = json.loads(report_path.read_text())
+    rt = [1e3 * s for s in report["latencies_s"][cfg.warmup :]]
+    return {"round_trip": _pct(rt), "controller_in_loop": _pct(server_ms[cfg.warmup :]),
+            "answers": report["steer_answers"], "sent": report["telemetry_sent"], "rejected": len(report["rejected"]),
+            "refused": stats["refused"], "coalesced": stats.get("coalesced", 0)}  # fmt: skip
+
+
+def run(cfg: Config) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    torch.set_num_threads(cfg.threads)
+    data = _data_dir(cfg)
+    rows = read_driving_log(data)  # fails with the path if the data is not there
+    model, name = _model(cfg)
+    policy = SteeringPolicy(model, cfg.n_samples, cfg.seed, SpeedController(SpeedConfig()))
+    console = Console()
+    console.print(f"[bold]drive bench udacity[/]: {name}, S = {cfg.n_samples}, {cfg.frames} frames from {data}")
+    frames = [decode_jpeg(p.read_bytes()) for p, *_ in rows[: cfg.frames + cfg.warmup]]
+    alone = []
+    for i, rgb in enumerate(frames):
+        t0 = time.perf_counter()
+        policy.predict(rgb)
+        if i >= cfg.warmup:
+            alone.append(1e3 * (time.perf_counter() - t0))
+    results = {"controller": name, "n_samples": cfg.n_samples, "threads": cfg.threads, "controller_alone": _pct(alone),
+               "server": "python-socketio threading (simple-websocket, werkzeug)"}  # fmt: skip
+    with console.status("round trips, one chain ..."):
+        results["single_chain"] = _round_trips(cfg, policy, data, single_chain=True)
+    with console.status("round trips, two chains (as the simulator) ..."):
+        results["two_chains"] = _round_trips(cfg, policy, data, single_chain=False)
+    table = Table("what", "n", "p50 ms", "p95 ms", "mean ms")
+    for label, r in (("controller alone (preprocess + predict)", results["controller_alone"]),
+                     ("round trip, one chain", results["single_chain"]["round_trip"]),
+                     ("  controller inside it", results["single_chain"]["controller_in_loop"]),
+                     ("round trip, two chains", results["two_chains"]["round_trip"])):  # fmt: skip
+        table.add_row(label, str(r["n"]), f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", f"{r['mean_ms']:.2f}")
+    console.print(table)
+    p95 = results["single_chain"]["round_trip"]["p95_ms"]
+    verdict = "meets" if p95 < 30 else "MISSES"
+    console.print(f"single-chain round trip p95 {p95:.1f} ms: {verdict} the 30 ms target")
+    for key in ("single_chain", "two_chains"):
+        r = results[key]
+        counts = f"{r['sent']} sent, {r['answers']} answered, {r['rejected']} rejected, {r['refused']} refused"
+        console.print(f"{key}: {counts}")
+    if cfg.out:
+        Path(cfg.out).write_text(json.dumps(results, indent=2))
+    return 0

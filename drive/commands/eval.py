@@ -1,0 +1,56 @@
+"""`drive eval`: closed-loop evaluation of an expert or trained controller on track seeds.
+
+    drive eval --policy expert:ppo --seeds 1000-1019
+    drive eval --policy ckpt:runs/bc-nsac/best.pt --seeds 1000-1019 --out runs/bc-nsac/eval.json --trace DIR
+
+Episodes and their summary come from drive/loop/evaluate.py; `--trace DIR` adds the interpretability recorder
+(drive/observe/trace.py) to every episode; the results JSON is written atomically.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from datasets.files import atomic_write
+from drive.loop.evaluate import EvalOptions, describe, evaluate
+from drive.loop.specs import parse_policy_spec
+from drive.observe.trace_recorder import trace_observer
+
+
+@dataclass(frozen=True)
+class Config(EvalOptions):
+    out: Path | None = None
+    """results JSON file (per-episode records and summary); default: print only"""
+    trace: Path | None = None
+    """ckpt: write each episode's interpretability trace (Parquet + plots) into this directory"""
+
+
+def print_table(results: dict, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("seed", "return", "completion", "steps", "off-track", "lap"):
+        table.add_column(col, justify="right")
+    for r in results["episodes"]:
+        table.add_row(str(r["seed"]), f"{r['return']:.1f}", f"{r['completion']:.3f}", str(r["steps"]),
+                      str(r["off_track_events"]), "yes" if r["lap_finished"] else "no")  # fmt: skip
+    Console().print(table)
+    print(f"mean_return {results['mean_return']:.1f} +- {results['std_return']:.1f} (std), "
+          f"min_return {results['min_return']:.1f}, max_return {results['max_return']:.1f}, "
+          f"{results['laps_finished']}/{results['n_episodes']} laps finished")  # fmt: skip
+
+
+def run(cfg: Config) -> int:
+    observers = None if cfg.trace is None else functools.partial(trace_observer, cfg.trace)
+    results = evaluate(cfg, observers)
+    print_table(results, f"{cfg.policy} on {cfg.env}, seeds {cfg.seeds}")
+    if parse_policy_spec(cfg.policy)[0] == "ckpt":
+        print(describe(results))
+    if cfg.out is not None:
+        atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
+        print(f"wrote {cfg.out}")
+    return 0

@@ -1,0 +1,70 @@
+"""`drive train`: train a controller (NSAC or a baseline) on a task and write RUNDIR/metrics.json.
+
+    drive train --controller gmle --out runs/spiral-gmle                    # the irregular spiral (default task)
+    drive train --controller nsac --data runs/demos --out runs/bc-nsac      # recorded CarRacing demonstrations
+    drive train --controller de --data udacity:../shared/data/udacity_sim --out runs/udacity-de
+    drive train --task spiral --controller nsac --out runs/spiral-nsac --set task.train_region=interpolation
+    drive train ... --resume                                                # continue an interrupted run exactly
+    drive train ... --set n_heads=2 encoder.d_model=32 task.n_freqs=4 trainer.patience=5
+
+What runs is drive/learn/experiment.py; the task options are listed at the end of `drive train --help`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from drive.learn import tasks
+from drive.learn.experiment import TrainRequest, summary, train_and_evaluate
+
+
+@dataclass(frozen=True)
+class Config:
+    controller: str
+    """controller to train: nsac, gmle, mcd, de, der, sdenet (agents/registry.py lists every one)"""
+    out: Path
+    """run directory (config, metrics log, TensorBoard, checkpoints, metrics.json)"""
+    task: str | None = None
+    """task plugin: spiral, demos, udacity, ... (default: inferred from --data, spiral without it)"""
+    data: str | None = None
+    """DIR: recorded demonstrations (task demos); udacity:DIR: a Udacity simulator log; or the task's data root"""
+    epochs: int | None = None
+    """maximum epochs (default: the task's)"""
+    batch_size: int | None = None
+    """minibatch size (default: the task's)"""
+    lr: float | None = None
+    """learning rate (default: the task's)"""
+    seed: int = 0
+    """seed for the split, initialisation, batch order and sampling"""
+    resume: bool = False
+    """continue the interrupted run in --out exactly where its last finished epoch left off"""
+    set: tuple[str, ...] = ()
+    """KEY=VALUE overrides: controller fields (n_heads=2, encoder.d_model=32), task.KEY, trainer.KEY"""
+    device: str = "cpu"
+    """torch device"""
+    progress: bool = True
+    """show progress bars"""
+    threads: int = 0
+    """torch intra-op CPU threads (0: torch's default)"""
+
+
+def epilog() -> str:
+    return tasks.help_text()
+
+
+def run(cfg: Config) -> int:
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    argv = sys.argv[2:] if sys.argv[1:2] == ["train"] else []
+    request = TrainRequest(controller=cfg.controller, out=cfg.out, task=cfg.task, data=cfg.data, epochs=cfg.epochs,
+                           batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, resume=cfg.resume, overrides=cfg.set,
+                           device=cfg.device, progress=cfg.progress,
+                           command="drive train " + " ".join(argv) if argv else "drive train")  # fmt: skip
+    report = train_and_evaluate(request)
+    print(summary(report))
+    print(f"wrote {Path(cfg.out) / 'metrics.json'}")
+    return 0

@@ -1,0 +1,102 @@
+"""`drive udacity drive`: drive the Udacity simulator (or its stand-in) over socket.io with a policy.
+
+Start the simulator, choose Autonomous Mode; it connects to ws://HOST:PORT. The policies and the speed controller
+are drive/loop/udacity.py. Every step is logged (steps.csv flushed per row, steps.parquet at the end), the
+overlay is shown (or written to overlay.mp4 when headless), the session's counters (answers, refused frames by
+reason) land in session.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from gymnasium.wrappers import TimeLimit
+from tqdm import tqdm
+
+from drive.loop.rollout import rollout
+from drive.loop.udacity import SpeedConfig, make_policy
+from drive.observe.udacity import Overlay, StepLog, StopDriving
+from sim_bridges.udacity import UdacityEnv
+
+
+@dataclass(frozen=True)
+class Config(SpeedConfig):
+    policy: str = "vision"
+    """ckpt:PATH (a trained controller), vision (road follower, simulator camera), vision:carracing (stand-in)"""
+    host: str = "127.0.0.1"
+    """address to listen on (the simulator connects to 127.0.0.1)"""
+    port: int = 4567
+    """port to listen on (the simulator's is 4567; 0 picks a free one)"""
+    n_samples: int = 16
+    """stochastic samples per prediction (S) for ckpt policies"""
+    episodes: int = 1
+    """episodes to drive; an episode ends after max_steps or when no frame comes for timeout_s"""
+    max_steps: int = 0
+    """steps per episode (0 = until the simulator stops sending)"""
+    timeout_s: float = 5.0
+    """seconds to wait for the next frame before ending the episode"""
+    connect_timeout_s: float = 300.0
+    """seconds to wait for the simulator to connect and send its first frame"""
+    ping_interval_s: float = 25.0
+    """engine.io ping interval of the server (the simulator's own is 25 s)"""
+    display: Literal["auto", "window", "video", "none"] = "auto"
+    """overlay: a window, an mp4 in the run directory, or none (auto: window when a display exists)"""
+    run_dir: str = ""
+    """where logs go (default runs/udacity_drive/<timestamp>)"""
+    seed: int = 0
+    """seed of the controller's sampling generator"""
+    threads: int = 1
+    """torch CPU threads"""
+
+
+def run(cfg: Config) -> int:
+    tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
+    torch.set_num_threads(cfg.threads)
+    policy = make_policy(cfg.policy, cfg, cfg.n_samples, cfg.seed)  # a bad checkpoint fails before we bind a port
+    run_dir = Path(cfg.run_dir or f"runs/udacity_drive/{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    env = UdacityEnv(cfg.host, cfg.port, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s,
+                     ping_interval=cfg.ping_interval_s)  # fmt: skip
+    print(f"listening on ws://{cfg.host}:{env.server.port}/socket.io/ -- start the simulator in Autonomous Mode")
+    print(f"logging to {run_dir}", flush=True)
+    steps, bar = StepLog(run_dir), tqdm(desc="frames", unit="frame", mininterval=1.0)
+    observers = [steps, lambda rec: bar.update(1)]
+    overlay = None if cfg.display == "none" else Overlay(cfg.display, run_dir / "overlay.mp4")
+    observers += [overlay] if overlay else []
+    wrapped = TimeLimit(env, cfg.max_steps) if cfg.max_steps > 0 else env
+    results, code = [], 0
+    try:
+        results = rollout(wrapped, policy, seeds=range(cfg.seed, cfg.seed + cfg.episodes), on_step=observers)
+    except TimeoutError as exc:
+        print(f"drive udacity drive: {exc}")
+        code = 1
+    except (KeyboardInterrupt, StopDriving):
+        print("stopped")
+    finally:
+        bar.close()
+        stats = env.server.snapshot()
+        env.close()
+        steps.close()
+        if overlay:
+            overlay.close()
+    lat = np.array([x for x in steps.latencies_ms if math.isfinite(x)])
+    session = {"server": stats, "episodes": [r.to_dict() for r in results], "policy_latency_ms": {}}
+    if lat.size:
+        session["policy_latency_ms"] = {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95))}
+    (run_dir / "session.json").write_text(json.dumps(session, indent=2))
+    print(f"{len(lat)} steps; answers {stats.get('answered.steer', 0)} steer, {stats.get('answered.manual', 0)} "
+          f"manual, {stats.get('answered.safe', 0)} safe; refused {stats['refused']}; "
+          f"policy p50/p95 {session['policy_latency_ms'].get('p50', math.nan):.1f}/"
+          f"{session['policy_latency_ms'].get('p95', math.nan):.1f} ms")  # fmt: skip
+    if overlay and overlay.mode == "video" and overlay.n_frames:
+        print(f"overlay video: {run_dir / 'overlay.mp4'}")
+    return code

@@ -1,0 +1,127 @@
+"""One training run: a task, a controller, the trainer, and the run directory's metrics.json.
+
+`train_and_evaluate(request)` builds the task (drive/learn/tasks), the controller config from the registry with
+the task's encoder and output width, then the task's suggested defaults, then `--set` overrides; trains
+(drive/learn/trainer.py); reloads the best checkpoint from disk (so what is evaluated is what was saved); writes
+the validation report and the task's held-out evaluation to RUN/metrics.json and the task's plots beside it.
+`drive train` and `drive bench offline` run it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents.registry import CONTROLLERS, config_to_dict
+from datasets.files import atomic_write
+from drive import checkpoint, metrics
+from drive.errors import UserError
+from drive.learn import tasks
+from drive.learn.batches import predict_dataset
+from drive.learn.overrides import apply_overrides, parse_overrides
+from drive.learn.trainer import CheckpointInfo, FitResult, TrainerConfig, fit
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    controller: str
+    out: Path
+    task: str | None = None
+    data: str | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    seed: int = 0
+    resume: bool = False
+    overrides: tuple[str, ...] = ()
+    device: str = "cpu"
+    progress: bool = True
+    command: str = "drive train"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def controller_config(name: str, data: tasks.TaskData, overrides: dict[str, str]) -> Any:
+    """The registry's config for `name` with the task's encoder and width, its suggestions, then the overrides."""
+    if name not in CONTROLLERS:
+        raise UserError(f"unknown controller {name!r}; registered: {', '.join(CONTROLLERS)}")
+    try:
+        cfg = CONTROLLERS[name](encoder=data.encoder, out_dim=data.out_dim)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"controller {name!r} cannot take task {data.name!r}'s input: {exc}") from None
+    fields = {f.name for f in dataclasses.fields(cfg)}  # suggestions may name fields only some controllers have
+    cfg = apply_overrides(cfg, {k: v for k, v in data.controller_defaults.items() if k.split(".")[0] in fields})
+    return apply_overrides(cfg, overrides)
+
+
+def trainer_config(req: TrainRequest, data: tasks.TaskData, overrides: dict[str, str]) -> TrainerConfig:
+    cfg = apply_overrides(TrainerConfig(), data.train_defaults, "trainer.")
+    flags = {"epochs": req.epochs, "batch_size": req.batch_size, "lr": req.lr}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None}, seed=req.seed,
+                              resume=req.resume, device=req.device, progress=req.progress)  # fmt: skip
+    cfg = apply_overrides(cfg, overrides, "trainer.")
+    if cfg.epochs < 1 or cfg.batch_size < 1 or cfg.lr <= 0:
+        raise UserError(f"--epochs and --batch-size must be >= 1 and --lr > 0, got {cfg.epochs}, {cfg.batch_size}, "
+                        f"{cfg.lr}")  # fmt: skip
+    return cfg
+
+
+def prepare(req: TrainRequest) -> tuple[tasks.TaskData, Any, TrainerConfig]:
+    """Task data, controller config and trainer config of a request; every option checked, nothing written."""
+    if req.controller not in CONTROLLERS:
+        raise UserError(f"unknown controller {req.controller!r}; registered: {', '.join(CONTROLLERS)}")
+    ctrl_over, task_over, trainer_over = parse_overrides(req.overrides)
+    name, path = tasks.resolve(req.task, req.data)
+    opts = tasks.options(name, task_over)
+    data = tasks.load(name, opts, path, req.seed)
+    return data, controller_config(req.controller, data, ctrl_over), trainer_config(req, data, trainer_over)
+
+
+def train_and_evaluate(req: TrainRequest) -> dict[str, Any]:
+    """Train, reload the best checkpoint, evaluate; returns (and writes) metrics.json's dict."""
+    data, model_cfg, train_cfg = prepare(req)
+    torch.manual_seed(req.seed)
+    model = model_cfg.build()
+    info = CheckpointInfo(name=req.controller, config=config_to_dict(model_cfg), data=dict(data.fingerprint),
+                          target_names=tuple(data.target_names),
+                          extra={"command": req.command, "task": data.name, "seed": req.seed, **req.extra})  # fmt: skip
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"training {req.controller} ({n_params:,} parameters) on task {data.name} -> {req.out}")
+    t0 = time.perf_counter()
+    result = fit(model, data.train, data.val, train_cfg, req.out, info)
+    report = evaluate_run(result, data, train_cfg, req, time.perf_counter() - t0, n_params)
+    atomic_write(Path(req.out) / "metrics.json", json.dumps(report, indent=2).encode())
+    return report
+
+
+def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConfig, req: TrainRequest,
+                 train_s: float, n_params: int) -> dict[str, Any]:  # fmt: skip
+    model, _ = checkpoint.load_controller(result.best_path)  # evaluate exactly what was saved
+    model.to(req.device)
+    pred, y = predict_dataset(model, data.val, train_cfg.batch_size, None, req.seed, req.device)
+    t1 = time.perf_counter()
+    evaluation = data.evaluate(model)
+    plots = [str(p) for p in data.plots(model, Path(req.out))] if data.plots is not None else []
+    fit_report = {"best_epoch": result.best_epoch, "best_val_nll": result.best_val_nll,
+                  "epochs_run": result.epochs_run, "stopped_early": result.stopped_early, "train_seconds": train_s,
+                  "eval_seconds": time.perf_counter() - t1, "n_parameters": n_params}  # fmt: skip
+    report = {"task": data.name, "controller": req.controller, "fit": fit_report,
+              "val": metrics.regression_report(pred, y), **evaluation}  # fmt: skip
+    if plots:
+        report["plots"] = plots
+    return report
+
+
+def summary(report: dict) -> str:
+    lines = [f"{report['controller']} on {report['task']}: best epoch {report['fit']['best_epoch']}, "
+             f"val nll {report['fit']['best_val_nll']:.4f}, {report['fit']['train_seconds']:.0f} s"]  # fmt: skip
+    for split, values in report.items():
+        if isinstance(values, dict) and all(k in values for k in ("mse", "nll", "crps", "ece")):
+            lines.append(f"  {split:<14} mse {values['mse']:.5f}  nll {values['nll']:8.4f}  "
+                         f"crps {values['crps']:.4f}  ece {values['ece']:.4f}")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""Task plugins for `drive train` and `drive bench offline`: each turns a data source into typed splits, the input
+encoding, its held-out evaluation and its plots.
+
+A task is one module in `TASKS` (imported only when chosen, so an optional dependency of one task cannot break the
+others) exposing
+
+    Options                                   a frozen dataclass: the task's options, field docstrings as help
+    DATA: str                                 what `--data` means for it ("" when it takes no data)
+    build(options, data, seed) -> TaskData    data: the `--data` path (None when not given)
+
+`drive train --task NAME [--data DIR] [--set task.KEY=VALUE ...]` works for every task; `--data DIR` alone means
+task "demos" and `--data udacity:DIR` task "udacity"; no --task and no --data: "spiral". Options are typed: each
+`task.KEY=VALUE` is cast to its field's type and a misspelt key is an error naming the known ones; `drive train
+--help` lists every task's options.
+
+The trainer knows nothing about tasks: it sees `TaskData.train` and `.val`, datasets of `(x, y)` pairs with `y`
+shaped (D,), and uses three optional dataset hooks:
+    set_epoch(epoch)  called before each epoch (e.g. spiral redraws its irregular observation times), deterministic
+                      in (seed, epoch) so an interrupted run resumes exactly;
+    targets           a (N, D) tensor of all training targets (fits the target standardisation without a pass over
+                      the inputs);
+    tensors           an (x, y) pair of tensors holding the whole current epoch: batches are sliced from it directly.
+`TaskData.fingerprint` records the task, its options, the seed and the data it read, so `rebuild(fingerprint)`
+reconstructs the same splits later (`drive sa calibrate`, `drive results --checkpoint last`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from agents.encoders import EncoderConfig
+from drive.errors import UserError
+from drive.learn.overrides import apply_overrides
+
+# task name -> module path (imported lazily)
+TASKS: dict[str, str] = {
+    "spiral": "drive.learn.tasks.spiral",
+    "demos": "drive.learn.tasks.demos",
+    "udacity": "drive.learn.tasks.udacity",
+}
+DATA_PREFIXES = {"udacity:": "udacity"}  # `--data PREFIX:PATH` names the task
+
+
+@dataclass
+class TaskData:
+    """Everything `drive train` needs from a task."""
+
+    name: str
+    train: Any
+    """torch Dataset of (x, y) pairs; y shaped (D,) in original units"""
+    val: Any
+    """held-out Dataset for early stopping (validation NLL)"""
+    test: Any
+    """held-out Dataset the task's evaluation reports on"""
+    encoder: EncoderConfig
+    """the input encoding the controller must use (kind, in_dim, n_tokens; d_model is a default)"""
+    out_dim: int
+    target_names: tuple[str, ...]
+    fingerprint: dict[str, Any]
+    """identifies the data: primitives only (task, options, seed, path, sha256 of what was read)"""
+    evaluate: Callable[[Any], dict]
+    """evaluate(trained controller) -> the task's held-out metrics (nested dicts of floats) for metrics.json"""
+    plots: Callable[[Any, Path], list[Path]] | None = None
+    """plots(trained controller, run directory) -> PNG paths the task draws (None: none)"""
+    standardiser: Any = None
+    """the input standardiser fitted on the training split only (None for raw pixels): loc/scale arrays"""
+    controller_defaults: dict[str, Any] = field(default_factory=dict)
+    """controller config fields the task suggests (dotted keys like encoder.d_model), applied where the controller
+    has the field; --set overrides them"""
+    train_defaults: dict[str, Any] = field(default_factory=dict)
+    """trainer fields the task suggests (epochs, batch_size, lr, patience, ...); CLI flags override them"""
+
+
+def module(name: str) -> ModuleType:
+    if name not in TASKS:
+        raise UserError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
+    return importlib.import_module(TASKS[name])
+
+
+def resolve(task: str | None, data: str | None) -> tuple[str, Path | None]:
+    """Task name and data path from `--task` / `--data` (`DIR` -> demos, `udacity:DIR` -> udacity)."""
+    inferred, path = "spiral", None
+    if data:
+        inferred, rest = "demos", data
+        for prefix, name in DATA_PREFIXES.items():
+            if data.startswith(prefix):
+                inferred, rest = name, data[len(prefix) :]
+        path = Path(rest)
+    name = task or inferred
+    if name not in TASKS:
+        raise UserError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
+    if task and data and task != inferred and any(data.startswith(p) for p in DATA_PREFIXES):
+        raise UserError(f"--task {task} conflicts with --data {data!r} (which means task {inferred!r})")
+    return name, path
+
+
+def options(name: str, overrides: dict[str, str]) -> Any:
+    """The task's Options with `task.KEY=VALUE` overrides cast to the field types (unknown keys are an error)."""
+    cls = module(name).Options
+    try:
+        return apply_overrides(cls(), overrides, "task.")
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"task {name!r}: {exc}") from None
+
+
+def load(name: str, opts: Any, data: Path | None, seed: int = 0) -> TaskData:
+    mod = module(name)
+    if mod.DATA and data is not None and not data.exists():
+        raise UserError(f"task {name!r}: data path {data} does not exist")
+    built = mod.build(opts, data, seed)
+    if not isinstance(built, TaskData):
+        raise TypeError(f"{TASKS[name]}.build returned {type(built).__name__}, expected TaskData")
+    built.fingerprint.setdefault("task", name)
+    built.fingerprint.setdefault("options", dataclasses.asdict(opts))
+    built.fingerprint.setdefault("seed", seed)
+    return built
+
+
+def rebuild(fingerprint: dict[str, Any]) -> TaskData:
+    """The task data a checkpoint was trained on, from its data fingerprint (task, options, seed, path)."""
+    name = fingerprint.get("task")
+    if name not in TASKS:
+        raise UserError(f"the checkpoint's data fingerprint names no known task ({name!r})")
+    mod = module(name)
+    if hasattr(mod, "rebuild"):  # a task whose fingerprints predate the options record rebuilds itself
+        return mod.rebuild(fingerprint)
+    opts = apply_overrides(mod.Options(), {k: v for k, v in fingerprint.get("options", {}).items()}, "task.")
+    data = fingerprint.get("data_path")
+    return load(name, opts, None if data is None else Path(data), int(fingerprint.get("seed", 0)))
+
+
+def help_text() -> str:
+    """Every task's options for `drive train --help`: one line per option with its type, default and help."""
+    lines = ["task options (--set task.KEY=VALUE):"]
+    for name in TASKS:
+        try:
+            mod = module(name)
+        except ImportError as exc:  # an optional dependency missing: say so, list the rest
+            lines.append(f"  {name}: unavailable ({exc})")
+            continue
+        lines.append(f"  {name}: {mod.DATA or 'no data'}")
+        hints = typing.get_type_hints(mod.Options)
+        docs = _field_docs(mod.Options)
+        for f in dataclasses.fields(mod.Options):
+            kind = getattr(hints[f.name], "__name__", str(hints[f.name]))
+            lines.append(f"    task.{f.name} ({kind}, default {f.default!r}): {docs.get(f.name, '')}")
+    return "\n".join(lines)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Field docstrings (the string literal after each field), read from the class source."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls).lstrip())
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for prev, node in zip(body, body[1:], strict=False):
+        if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                docs[prev.target.id] = " ".join(node.value.value.split())
+    return docs

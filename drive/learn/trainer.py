@@ -1,0 +1,294 @@
+"""A trainer that knows nothing about its task: two datasets of (x, y) pairs, a controller, a run directory.
+
+    fit(model, train, val, cfg, run_dir, info) -> FitResult
+
+AdamW with gradient clipping and a per-step cosine learning-rate schedule (or constant); target standardisation
+fitted on the training targets (`Controller.set_target_stats`); validation NLL of the predictive Gaussian (mean,
+aleatoric + epistemic variance) each epoch, early stopping on it.
+The run directory receives
+    config.json      trainer config, controller name and config, data fingerprint
+    metrics.jsonl    one line per epoch (train loss, val nll/mse, lr, seconds)
+    tb/              TensorBoard scalars
+    best.pt, last.pt controller checkpoints (drive.checkpoint format, kind "controller")
+    resume.pt        optimizer, epoch, RNG states, best score, early-stopping counter, written atomically after each
+                     epoch, so `resume=True` after a kill continues exactly where the last finished epoch left off.
+Exactness: batch order comes from a generator seeded by (seed, epoch), datasets with `set_epoch` are re-seeded the
+same way, and the global torch/numpy/python RNG states (the model's own sampling) are restored from resume.pt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from drive import checkpoint, metrics
+from drive.errors import UserError
+from drive.learn.batches import epoch_generator, fit_target_stats, iterate_batches, n_batches, predict_dataset
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    epochs: int = 20
+    """maximum number of epochs"""
+    batch_size: int = 128
+    """minibatch size"""
+    lr: float = 1e-3
+    """AdamW learning rate"""
+    weight_decay: float = 1e-4
+    """AdamW weight decay"""
+    schedule: str = "cosine"
+    """learning-rate schedule: cosine (anneal to 0 over `epochs`, per step) or constant"""
+    grad_clip: float = 1.0
+    """clip the global gradient norm to this value (0 disables)"""
+    patience: int = 10
+    """stop after this many epochs without a better validation NLL (0 disables early stopping)"""
+    seed: int = 0
+    """seed for batch order, the model's sampling and validation draws"""
+    val_samples: int = 0
+    """stochastic samples per validation prediction (0: the controller's default)"""
+    device: str = "cpu"
+    """torch device (cpu, cuda)"""
+    num_workers: int = 0
+    """DataLoader worker processes for datasets without a `tensors` fast path"""
+    resume: bool = False
+    """continue from run_dir/resume.pt"""
+    progress: bool = True
+    """show a progress bar"""
+    tensorboard: bool = True
+    """write TensorBoard scalars to run_dir/tb"""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the trainer writes into checkpoints besides the weights (it does not know where they came from)."""
+
+    name: str
+    """registry name of the controller"""
+    config: dict[str, Any]
+    """agents.registry.config_to_dict(controller config)"""
+    data: dict[str, Any] = field(default_factory=dict)
+    target_names: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class FitResult(NamedTuple):
+    best_epoch: int
+    best_val_nll: float
+    epochs_run: int
+    stopped_early: bool
+    history: list[dict[str, float]]
+    best_path: Path
+    last_path: Path
+
+
+# -- resume state ------------------------------------------------------------------------------------------------------
+def _rng_state() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": random.getstate(),
+    }  # fmt: skip
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+# -- the loop ----------------------------------------------------------------------------------------------------------
+@dataclass
+class _State:
+    """What the loop carries from epoch to epoch (and resume.pt holds)."""
+
+    start: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    best: float = math.inf
+    best_epoch: int = 0
+    bad_epochs: int = 0
+    stopped: bool = False
+
+
+def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _State:
+    path = run_dir / "resume.pt"
+    if not path.is_file():
+        raise UserError(f"{path}: nothing to resume (no resume file in the run directory)")
+    try:
+        state = torch.load(path, map_location=cfg.device, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+    except Exception as exc:
+        raise checkpoint.CheckpointError(f"{path}: cannot resume ({type(exc).__name__}: {exc})") from exc
+    _set_rng_state(state["rng"])
+    loop = _State(state["epoch"], list(state["history"]), state["best"], state["best_epoch"], state["bad_epochs"],
+                  state["stopped"])  # fmt: skip
+    _truncate_log(run_dir / "metrics.jsonl", loop.start)
+    log.info("resumed %s at epoch %d (best val nll %.4f at epoch %d)", run_dir, loop.start, loop.best, loop.best_epoch)
+    return loop
+
+
+def _start(run_dir: Path, model, train, cfg: TrainerConfig, info: CheckpointInfo) -> _State:
+    if (run_dir / "resume.pt").exists():
+        raise UserError(f"{run_dir} already holds a run: pass --resume to continue it, or another --out")
+    _seed_everything(cfg.seed)
+    loc, scale = fit_target_stats(train)
+    model.set_target_stats(loc, scale)
+    (run_dir / "metrics.jsonl").write_text("")
+    config = {"trainer": dataclasses.asdict(cfg), "controller": info.name, "controller_config": info.config,
+              "data": info.data, "target_names": list(info.target_names), **info.extra}  # fmt: skip
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    return _State()
+
+
+def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info: CheckpointInfo) -> FitResult:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    best_path, last_path = run_dir / "best.pt", run_dir / "last.pt"
+    model.to(cfg.device)
+    n_train = len(train.tensors[1]) if getattr(train, "tensors", None) is not None else len(train)
+    optimizer = model.configure_optimizer(cfg.lr, cfg.weight_decay, n_train)
+    scheduler = _scheduler(optimizer, cfg, n_batches(train, cfg.batch_size))
+    loop = _resume(run_dir, model, optimizer, scheduler, cfg) if cfg.resume else _start(run_dir, model, train, cfg, info)
+    writer = _writer(run_dir, cfg, loop.start)
+    try:
+        for epoch in range(loop.start + 1, cfg.epochs + 1):
+            if loop.stopped:
+                break
+            _epoch(model, train, val, optimizer, scheduler, cfg, epoch, loop, run_dir, info, writer)
+    finally:
+        if writer is not None:
+            writer.close()
+    if not best_path.is_file():
+        raise RuntimeError(f"{run_dir}: no epoch finished, no checkpoint written (epochs={cfg.epochs})")
+    model.load_state_dict(checkpoint.read(best_path, kind="controller")["state_dict"])
+    return FitResult(loop.best_epoch, loop.best, len(loop.history), loop.stopped, loop.history, best_path, last_path)
+
+
+def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: int, loop: _State, run_dir: Path,
+           info: CheckpointInfo, writer) -> None:  # fmt: skip
+    """One epoch: train, validate, checkpoint (last, best), log, and the atomic resume state."""
+    t0 = time.perf_counter()
+    train_loss = _train_epoch(model, train, optimizer, scheduler, cfg, epoch)
+    model.on_epoch_end(epoch, cfg.epochs)
+    pred, y = predict_dataset(model, val, cfg.batch_size, cfg.val_samples or None, cfg.seed, cfg.device)
+    val_nll, val_mse = metrics.gaussian_nll(pred.mean, pred.total_var, y), metrics.mse(pred.mean, y)
+    row = {"epoch": epoch, "train_loss": train_loss, "val_nll": val_nll, "val_mse": val_mse,
+           "lr": optimizer.param_groups[0]["lr"], "seconds": time.perf_counter() - t0}  # fmt: skip
+    loop.history.append(row)
+    improved = val_nll < loop.best
+    if improved:
+        loop.best, loop.best_epoch, loop.bad_epochs = val_nll, epoch, 0
+    else:
+        loop.bad_epochs += 1
+    loop.stopped = cfg.patience > 0 and loop.bad_epochs >= cfg.patience
+    _save_checkpoint(run_dir / "last.pt", model, info, row)
+    if improved:
+        _save_checkpoint(run_dir / "best.pt", model, info, row)
+    with (run_dir / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    if writer is not None:
+        for key in ("train_loss", "val_nll", "val_mse", "lr"):
+            writer.add_scalar(key.replace("_", "/", 1), row[key], epoch)
+        writer.flush()
+    resume_state = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "rng": _rng_state(), "history": loop.history,
+                    "best": loop.best, "best_epoch": loop.best_epoch, "bad_epochs": loop.bad_epochs,
+                    "stopped": loop.stopped}  # fmt: skip
+    checkpoint.atomic_torch_save(resume_state, run_dir / "resume.pt")
+    log.info("epoch %d/%d  loss %.4f  val nll %.4f  val mse %.5f%s", epoch, cfg.epochs, train_loss, val_nll, val_mse,
+             "  *" if improved else "")  # fmt: skip
+    if loop.stopped:
+        log.info("early stop: no better validation NLL for %d epochs", cfg.patience)
+
+
+def _scheduler(optimizer, cfg: TrainerConfig, steps_per_epoch: int):
+    if cfg.schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    if cfg.schedule == "cosine":
+        total = max(1, cfg.epochs * steps_per_epoch)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
+        )
+    raise ValueError(f"TrainerConfig.schedule must be cosine or constant, got {cfg.schedule!r}")
+
+
+def _train_epoch(model, train, optimizer, scheduler, cfg: TrainerConfig, epoch: int) -> float:
+    model.train()
+    if hasattr(train, "set_epoch"):
+        train.set_epoch(epoch)
+    total, count = 0.0, 0
+    batches = iterate_batches(train, cfg.batch_size, True, epoch_generator(cfg.seed, epoch), cfg.num_workers)
+    bar = tqdm(batches, total=n_batches(train, cfg.batch_size), desc=f"epoch {epoch}/{cfg.epochs}", leave=False,
+               disable=not cfg.progress, dynamic_ncols=True)  # fmt: skip
+    for step, (x, y) in enumerate(bar):
+        x, y = x.to(cfg.device), y.to(cfg.device).float()
+        try:
+            loss = model.training_step(x, y, optimizer, cfg.grad_clip)
+        except FloatingPointError as exc:
+            raise FloatingPointError(f"{exc} at epoch {epoch}, step {step}") from None
+        scheduler.step()
+        total += loss.item() * len(y)
+        count += len(y)
+        bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+    if count == 0:
+        raise ValueError("the training dataset is empty")
+    return total / count
+
+
+def _save_checkpoint(path: Path, model, info: CheckpointInfo, row: dict[str, float]) -> None:
+    checkpoint.save(
+        path,
+        kind="controller",
+        name=info.name,
+        config=info.config,
+        module=model,
+        normalisation={
+            "y_loc": model.y_loc.tolist(),
+            "y_scale": model.y_scale.tolist(),
+            "target_names": list(info.target_names),
+        },  # fmt: skip
+        data=info.data,
+        metrics={k: float(v) for k, v in row.items()},
+        extra={**info.extra, "epoch": int(row["epoch"])},
+    )
+
+
+def _truncate_log(path: Path, epoch: int) -> None:
+    """Drop log lines of epochs after the resume point (written before a kill, then redone)."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["epoch"] <= epoch]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def _writer(run_dir: Path, cfg: TrainerConfig, start: int):
+    if not cfg.tensorboard:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(run_dir / "tb"), purge_step=start + 1 if start else None)

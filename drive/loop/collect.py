@@ -1,0 +1,222 @@
+"""Recording expert demonstrations in the pixel env: resumable, one episode per worker task.
+
+Per step the recorder (drive/observe/demonstrations.py) stores the frame coded once with `frame_coding` (the
+coding `drive train` reads by default), the expert's clean action (the label), the executed action (DART: label +
+Gaussian noise of std `action_noise`, clipped), the privileged state, reward, progress, speed, pose, off-track,
+and with `keep_raw` the raw 96x96 RGB frame. The format (one .npz shard per episode + manifest.json) is documented
+in `datasets/demonstrations.py`.
+
+Crash safety: shards and the manifest are written atomically (temp + fsync + rename) and the manifest is rewritten
+after every finished episode, so a run killed at any moment loses at most the episodes in flight; rerunning the same
+command skips the finished seeds. The DART noise is seeded per episode from (seed, noise_seed), so a redone episode
+is the same episode. A lock file keeps two writers off one directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from datasets.demonstrations import EPISODE_DIR, MANIFEST, read_manifest, write_episode, write_manifest
+from datasets.files import clean_temp
+from datasets.frames import DEFAULT_CODING, FRAME_CODINGS
+from drive.errors import UserError
+from drive.loop.envs import ENVS, make_env
+from drive.loop.policies import NoisyPolicy
+from drive.loop.pool import Ticker, run_tasks
+from drive.loop.rollout import Observer, rollout
+from drive.loop.seeds import parse_seeds
+from drive.loop.specs import expert_policy
+
+log = logging.getLogger(__name__)
+
+# settings that shape the recorded data: a resumed run must match them exactly
+DATA_SETTINGS = ("env", "expert", "action_noise", "noise_seed", "frame_stack", "frame_coding", "max_episode_steps",
+                 "keep_raw", "fast_render", "min_return")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    out: Path
+    """dataset directory; created if new, resumed if it holds a dataset recorded with the same settings"""
+    expert: str = "ppo"
+    """expert that drives: ppo (shipped), pursuit (scripted), or a path to an expert checkpoint"""
+    episodes: int | None = None
+    """number of episodes (default: one per seed in --seeds); without --seeds the seeds are 0..N-1"""
+    seeds: str | None = None
+    """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix; with --episodes N the first N are used"""
+    action_noise: float = 0.0
+    """DART noise: std of the Gaussian added to the executed action (clipped); the label stays the clean action"""
+    noise_seed: int = 0
+    """seed of the DART noise stream (mixed with each track seed)"""
+    workers: int = 1
+    """parallel worker processes, one episode per task (1 runs in this process)"""
+    frame_coding: str = DEFAULT_CODING
+    """how each frame is coded for controllers: full (the whole view, indicator bar kept) or cropped"""
+    keep_raw: bool = False
+    """also store the env's raw 96x96 RGB frame per step (about 3.5x the size; for videos and re-coding)"""
+    min_return: float = 700.0
+    """episodes returning less are flagged and left out by readers unless asked for (700: a clean lap's floor)"""
+    max_episode_steps: int = 1000
+    """step limit per episode (CarRacing-v3's is 1000)"""
+    frame_stack: int = 4
+    """frames in the controller's observation stack"""
+    fast_render: bool = True
+    """use the bridge's fast renderer (pixel-identical to stock CarRacing)"""
+    env: str = "carracing"
+    """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
+    progress: bool = True
+    """show a progress bar with frames/s"""
+
+
+def seed_list(opts: CollectOptions) -> list[int]:
+    if opts.episodes is not None and opts.episodes < 1:
+        raise UserError(f"--episodes must be >= 1, got {opts.episodes}")
+    if opts.seeds is None:
+        if opts.episodes is None:
+            raise UserError("give --episodes N and/or --seeds A-B")
+        return list(range(opts.episodes))
+    seeds = parse_seeds(opts.seeds)
+    if opts.episodes is not None:
+        if opts.episodes > len(seeds):
+            raise UserError(f"--episodes {opts.episodes} but --seeds {opts.seeds!r} names only {len(seeds)} seeds")
+        seeds = seeds[: opts.episodes]
+    return seeds
+
+
+def validate(opts: CollectOptions) -> list[int]:
+    """Every option checked before anything is written; returns the seeds to record."""
+    seeds = seed_list(opts)
+    if opts.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {opts.workers}")
+    if opts.env not in ENVS:
+        raise UserError(f"--env {opts.env!r}: choose one of {ENVS}")
+    if opts.frame_coding not in FRAME_CODINGS:
+        raise UserError(f"--frame-coding {opts.frame_coding!r}: choose one of {sorted(FRAME_CODINGS)}")
+    if opts.action_noise < 0 or opts.frame_stack < 1 or opts.max_episode_steps < 1:
+        raise UserError("--action-noise must be >= 0, --frame-stack and --max-episode-steps >= 1")
+    expert_policy(opts.expert, opts.env)  # a bad expert fails here, before the directory exists
+    return seeds
+
+
+def settings_of(opts: CollectOptions) -> dict[str, Any]:
+    return {key: getattr(opts, key) for key in DATA_SETTINGS}
+
+
+_CACHE: dict[tuple, tuple] = {}  # per process: settings -> (env, policy), built once per worker
+
+
+def _env_and_policy(settings: dict[str, Any]) -> tuple[Any, NoisyPolicy]:
+    key = tuple(sorted(settings.items()))
+    if key not in _CACHE:
+        _CACHE.clear()
+        env = make_env(settings["env"], max_episode_steps=settings["max_episode_steps"],
+                       fast_render=settings["fast_render"])  # fmt: skip
+        space = env.action_space
+        expert = expert_policy(settings["expert"], settings["env"])
+        policy = NoisyPolicy(expert, settings["action_noise"], space.low, space.high, settings["noise_seed"])  # type: ignore[attr-defined]
+        _CACHE[key] = (env, policy)
+    return _CACHE[key]
+
+
+RecorderFactory = Callable[[dict[str, Any]], Any]
+
+
+def collect_episode(root: str, settings: dict[str, Any], seed: int, tick: Callable[[int], None] | None = None,
+                    recorder: RecorderFactory | None = None) -> dict[str, Any]:  # fmt: skip
+    """Drive one episode, write its shard atomically, return its manifest record. `tick(n)`: n more frames done."""
+    env, policy = _env_and_policy(settings)
+    assert recorder is not None, "collect_episode needs the recorder factory"
+    episode: Any = recorder(settings)
+    observers: list[Observer] = [episode, Ticker(tick)]
+    [result] = rollout(env, policy, seeds=[seed], on_step=observers)
+    record = result.to_dict()
+    record.update(write_episode(root, seed, episode.arrays()), flagged=bool(result.return_ < settings["min_return"]))
+    return record
+
+
+def lock(root: Path) -> IO[str]:
+    """An exclusive lock on the dataset directory (released when the returned file is closed)."""
+    fh = open(root / ".collect.lock", "w")  # noqa: SIM115 - the caller closes it
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise UserError(f"{root}: another process is writing this dataset directory") from None
+    return fh
+
+
+def finished_episodes(root: Path, settings: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Finished episodes of an earlier run into the same directory (after checking it used the same settings)."""
+    if not (root / MANIFEST).exists():
+        return {}
+    old = read_manifest(root)["settings"]
+    diff = {k: (old.get(k), settings[k]) for k in DATA_SETTINGS if old.get(k) != settings[k]}
+    if diff:
+        detail = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+        raise UserError(f"{root / MANIFEST} was recorded with other settings ({detail}); use another --out")
+    done = {}
+    for ep in read_manifest(root)["episodes"]:
+        path = root / ep["file"]
+        if path.is_file() and path.stat().st_size == ep["bytes"]:
+            done[int(ep["seed"])] = ep
+        else:
+            log.warning("%s: listed in the manifest but missing or the wrong size; recording seed %s again", path,
+                        ep["seed"])  # fmt: skip
+    return done
+
+
+@dataclass(frozen=True)
+class Summary:
+    out: Path
+    seeds: list[int]
+    new: list[dict[str, Any]]  # records of the episodes recorded by this call
+    skipped: int  # episodes already finished by an earlier run
+    seconds: float
+
+    @property
+    def frames(self) -> int:
+        return sum(int(r["steps"]) for r in self.new)
+
+    @property
+    def fps(self) -> float:
+        return self.frames / self.seconds if self.seconds > 0 else float("nan")
+
+
+def collect(opts: CollectOptions, recorder: RecorderFactory) -> Summary:
+    """Record the episodes of `opts` into opts.out (resuming); `recorder(settings)` builds each episode's observer."""
+    seeds = validate(opts)
+    root = Path(opts.out)
+    settings = settings_of(opts)
+    if (root / MANIFEST).exists():
+        finished_episodes(root, settings)  # other settings: refused before anything is touched
+    (root / EPISODE_DIR).mkdir(parents=True, exist_ok=True)
+    handle = lock(root)
+    try:
+        for folder in (root, root / EPISODE_DIR):
+            clean_temp(folder)
+        done = finished_episodes(root, settings)
+        todo = [s for s in seeds if s not in done]
+        if len(todo) < len(seeds):
+            log.info("resuming %s: %d of %d episodes already recorded", root, len(seeds) - len(todo), len(seeds))
+        start = time.perf_counter()
+        new: list[dict[str, Any]] = []
+
+        def finished(record: dict[str, Any]) -> None:
+            done[int(record["seed"])] = record
+            new.append(record)
+            write_manifest(root, settings, list(done.values()))
+
+        tasks = [(str(root), settings, seed) for seed in todo]
+        run_tasks(collect_episode, tasks, opts.workers, finished, show=opts.progress, label="collect",
+                  extra=(recorder,))  # fmt: skip
+        if not (root / MANIFEST).exists():
+            write_manifest(root, settings, list(done.values()))
+        return Summary(root, seeds, new, len(seeds) - len(todo), time.perf_counter() - start)
+    finally:
+        handle.close()

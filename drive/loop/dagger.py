@@ -1,0 +1,157 @@
+"""DAgger (Ross, Gordon & Bagnell 2011) on top of `drive collect` demonstrations.
+
+Why: a clone of the pursuit expert trained on its demonstrations (DART noise included) drifts to speeds the expert
+never reaches — it keeps the mean gas of the expert's bang-bang speed control — and then misses the next corner.
+The states where it fails are not in the data, so no amount of training on the data fixes it. DAgger puts them in:
+
+1. the trained clone drives (`ckpt:PATH`); at each step, with probability `beta`, the expert's action is executed
+   instead (the mixture keeps the car near the track while the clone's own drift still shows);
+2. the expert labels every visited state (its action on `info["state"]`, the clone's shadow expert);
+3. the new episodes are written in the demonstrations format (datasets/demonstrations.py: the executed action in
+   `action`, the expert's label in `label`; frames coded as the source dataset codes them) into a new dataset
+   directory that also holds the original episodes (hard links, or copies across file systems), so `drive train
+   --data OUT` trains on the aggregate.
+
+Episodes are never flagged by return here (a clone's low return is the point; the labels are the expert's); the
+manifest's episode records carry `dagger: true` and the settings name the source dataset, clone, expert and beta.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datasets.demonstrations import EPISODE_DIR, read_manifest, write_episode, write_manifest
+from datasets.frames import LEGACY_CODING
+from drive.errors import UserError
+from drive.loop.envs import make_env
+from drive.loop.policies import ControllerPolicy
+from drive.loop.pool import Ticker, run_tasks
+from drive.loop.rollout import PolicyOutput, rollout
+from drive.loop.seeds import parse_seeds
+from drive.loop.specs import controller_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DaggerOptions:
+    ckpt: Path
+    """the clone that drives (a `drive train` checkpoint)"""
+    data: Path
+    """the demonstrations to aggregate with (their episodes are linked into --out)"""
+    out: Path
+    """the aggregated dataset directory (must not exist)"""
+    seeds: str
+    """track seeds of the new episodes (keep them apart from the data's and from evaluation seeds)"""
+    expert: str = "pursuit"
+    """the expert that labels (ppo, pursuit or an expert checkpoint path)"""
+    beta: float = 0.3
+    """probability per step that the expert's action is executed instead of the clone's"""
+    samples: int | None = None
+    """the clone's stochastic samples per step (default: its own)"""
+    workers: int = 2
+    """parallel worker processes, one episode per task"""
+    max_episode_steps: int = 1000
+    """step limit per episode"""
+    seed: int = 0
+    """seed of the mixing coin and the clone's sampling"""
+    env: str = "carracing"
+    """simulator: carracing, or fake-road (tests; its expert is 'pursuit')"""
+    progress: bool = True
+    """show a progress bar"""
+
+
+class MixedPolicy:
+    """Executes the clone's action, or with probability beta the expert's; always labels with the expert's."""
+
+    def __init__(self, clone: ControllerPolicy, beta: float, seed: int = 0):
+        if clone.shadow is None:
+            raise ValueError("DAgger needs the clone's shadow expert: it labels every state")
+        if not 0.0 <= beta <= 1.0:
+            raise UserError(f"beta must lie in [0, 1], got {beta}")
+        self.clone, self.beta, self.seed = clone, beta, seed
+        self._rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        self.clone.reset(seed)
+        self._rng = np.random.default_rng([self.seed, 0 if seed is None else int(seed)])
+
+    def act(self, obs: Any, info: Any) -> PolicyOutput:
+        out = self.clone.act(obs, info)
+        assert out.expert is not None
+        expert = np.asarray(out.expert, np.float32)
+        use_expert = self._rng.random() < self.beta
+        return PolicyOutput(expert if use_expert else out.action, expert, "expert" if use_expert else "policy",
+                            out.prediction, out.internals, out.expert, out.latency_ms, out.gate, out.frame)  # fmt: skip
+
+
+_CACHE: dict[tuple, tuple] = {}
+
+
+def dagger_episode(root: str, settings: dict[str, Any], seed: int, tick: Callable[[int], None] | None = None,
+                   recorder: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    key = tuple(sorted(settings.items()))
+    if key not in _CACHE:
+        _CACHE.clear()
+        clone = controller_policy(settings["ckpt"], settings["samples"], settings["seed"], settings["expert"],
+                                  env=settings["env"])  # fmt: skip
+        env = make_env(settings["env"], max_episode_steps=settings["max_episode_steps"])
+        _CACHE[key] = (env, MixedPolicy(clone, settings["beta"], settings["seed"]))
+    env, policy = _CACHE[key]
+    assert recorder is not None, "dagger_episode needs the recorder factory"
+    episode = recorder(settings)
+    [result] = rollout(env, policy, seeds=[seed], on_step=[episode, Ticker(tick)])
+    record = result.to_dict()
+    record.update(write_episode(root, seed, episode.arrays()), flagged=False, dagger=True)
+    return record
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """Drive the DAgger episodes into a new dataset beside the source's episodes; returns the new records."""
+    source = read_manifest(opts.data)
+    seeds = parse_seeds(opts.seeds)
+    clash = sorted(set(seeds) & {int(e["seed"]) for e in source["episodes"]})
+    if clash:
+        raise UserError(f"--seeds {clash} already in {opts.data}: choose other track seeds")
+    root = Path(opts.out)
+    if root.exists():
+        raise UserError(f"{root} exists: DAgger writes a new dataset directory")
+    controller_policy(opts.ckpt, opts.samples, opts.seed, opts.expert, env=opts.env)  # a bad clone fails first
+    (root / EPISODE_DIR).mkdir(parents=True)
+    episodes = []
+    for ep in source["episodes"]:
+        _link(Path(opts.data) / ep["file"], root / ep["file"])
+        episodes.append(ep)
+    settings = {**source["settings"], "dagger": {"source": str(Path(opts.data).resolve()), "ckpt": str(opts.ckpt),
+                                                 "expert": opts.expert, "beta": opts.beta, "seeds": seeds}}  # fmt: skip
+    write_manifest(root, settings, episodes)
+    job = {"ckpt": str(opts.ckpt), "samples": opts.samples, "seed": opts.seed, "expert": opts.expert,
+           "beta": opts.beta, "max_episode_steps": opts.max_episode_steps, "env": opts.env,
+           "frame_stack": int(source["settings"].get("frame_stack", 4)),
+           "frame_coding": str(source["settings"].get("frame_coding", LEGACY_CODING)),
+           "keep_raw": bool(source["settings"].get("keep_raw", False))}  # fmt: skip
+    new: list[dict[str, Any]] = []
+
+    def finished(record: dict[str, Any]) -> None:
+        new.append(record)
+        write_manifest(root, settings, episodes + new)
+        log.info("seed %d: clone+expert return %.1f, %d steps", record["seed"], record["return"], record["steps"])
+
+    tasks = [(str(root), job, s) for s in seeds]
+    run_tasks(dagger_episode, tasks, opts.workers, finished, opts.progress, "dagger", extra=(recorder,))
+    return new

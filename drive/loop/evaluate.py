@@ -1,0 +1,169 @@
+"""Closed-loop evaluation of a policy on track seeds, one episode per seed, in this process or a worker pool.
+
+The policy is named by a spec (`expert:ppo`, `ckpt:PATH`; drive/loop/specs.py). Policies that never look at pixels
+(experts act from the privileged state) run the env in its state-only mode: same physics and reward, no frames.
+A trained controller (`ckpt:PATH`) also gets its shadow expert (on-policy calibration), its latency and, with a
+fallback, a second run of every seed without it so both returns are reported.
+
+Observers such as the interpretability trace are built inside each worker by an `ObserverFactory` (the caller's:
+the loop does not know observers), called with the worker's env and the policy spec.
+
+Output: settings, one record per episode (seed, return, completion, steps, tiles, off_track_events, lap_finished,
+... plus the policy's `episode_summary()`) and mean/std/min/max return, mean completion, laps finished.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from drive.errors import UserError
+from drive.loop.envs import make_env
+from drive.loop.pool import Ticker, run_tasks
+from drive.loop.policies import aggregate
+from drive.loop.rollout import Observer, rollout
+from drive.loop.seeds import parse_seeds
+from drive.loop.specs import default_shadow, make_policy, parse_policy_spec
+from drive.loop.thresholds import fallback_for_command
+
+ObserverFactory = Callable[[gym.Env, str], Observer]
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    policy: str = "expert:ppo"
+    """policy spec: expert:ppo, expert:pursuit, expert:PATH (expert checkpoint), ckpt:PATH (trained controller)"""
+    seeds: str = "1000-1019"
+    """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix"""
+    workers: int = 1
+    """parallel worker processes, one episode per task"""
+    max_episode_steps: int = 1000
+    """step limit per episode (CarRacing-v3's is 1000)"""
+    env: str = "carracing"
+    """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
+    progress: bool = True
+    """show a progress bar"""
+    samples: int | None = None
+    """ckpt: stochastic samples per step (default: the controller's own, 32 for NSAC)"""
+    shadow: str | None = None
+    """ckpt: shadow expert on the controller's states (default: the expert that labelled its data; none: off)"""
+    fallback: str = "off"
+    """ckpt: uncertainty-gated fallback (off, expert, slow); when on, every seed also runs without it"""
+    fallback_threshold: float | None = None
+    """ckpt: epistemic-variance threshold (default: stored in the checkpoint, else calibrated on --calibrate-seeds)"""
+    calibrate_seeds: str = "2000-2004"
+    """ckpt: nominal laps to calibrate the fallback threshold on, when none is given or stored"""
+    seed: int = 0
+    """ckpt: seed of the controller's sampling"""
+
+
+_CACHE: dict[tuple, tuple] = {}  # per process: (spec, settings) -> (policy, env, observers), built once per worker
+
+
+def evaluate_episode(spec: str, settings: Mapping[str, Any], seed: int, tick: Callable[[int], None] | None = None,
+                     observers: ObserverFactory | None = None) -> dict[str, Any]:  # fmt: skip
+    key = (spec, tuple(sorted(settings.items())), observers is not None)
+    if key not in _CACHE:
+        _CACHE.clear()
+        policy = make_policy(spec, settings["env"], **dict(settings.get("policy_options", ())))
+        env = make_env(settings["env"], pixels=bool(getattr(policy, "needs_pixels", True)),
+                       max_episode_steps=settings["max_episode_steps"])  # fmt: skip
+        _CACHE[key] = (policy, env, [observers(env, spec)] if observers is not None else [])
+    policy, env, built = _CACHE[key]
+    start = time.perf_counter()
+    [result] = rollout(env, policy, seeds=[seed], on_step=[Ticker(tick), *built])
+    return {**result.to_dict(), "wall_s": time.perf_counter() - start}
+
+
+def summarise_returns(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Across episodes: return mean/std (population)/min/max, mean completion, laps finished, off-track events."""
+    returns = np.array([r["return"] for r in records], dtype=np.float64)
+    return {
+        "n_episodes": len(records),
+        "mean_return": float(returns.mean()),
+        "std_return": float(returns.std()),
+        "min_return": float(returns.min()),
+        "max_return": float(returns.max()),
+        "mean_completion": float(np.mean([r["completion"] for r in records])),
+        "laps_finished": int(sum(bool(r["lap_finished"]) for r in records)),
+        "off_track_events": int(sum(int(r["off_track_events"]) for r in records)),
+    }
+
+
+def _episodes(opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, Any], label: str,
+              observers: ObserverFactory | None) -> list[dict[str, Any]]:  # fmt: skip
+    records: list[dict[str, Any]] = []
+    tasks = [(opts.policy, settings, seed) for seed in seeds]
+    run_tasks(evaluate_episode, tasks, opts.workers, records.append, show=opts.progress, label=label,
+              extra=(observers,) if observers is not None else ())  # fmt: skip
+    return sorted(records, key=lambda r: r["seed"])
+
+
+def _controller_variants(opts: EvalOptions, path: str) -> tuple[dict[str, Any], list[tuple[str, dict]]]:
+    shadow = default_shadow(opts.shadow, opts.env, path)
+    options = {"samples": opts.samples, "shadow": shadow or "none", "seed": opts.seed}
+    header: dict[str, Any] = {"shadow": shadow}
+    variants = [("", {**options, "fallback": "off"})]
+    fb, threshold, origin = fallback_for_command(opts, path)
+    if fb is not None:
+        header["fallback"] = {"mode": fb.mode, "signal": fb.signal, "quantile": fb.quantile, "threshold": threshold,
+                              "threshold_origin": origin}  # fmt: skip
+        variants = [("", {**options, "fallback": fb.mode, "fallback_threshold": threshold}),
+                    ("no_fallback", variants[0][1])]  # fmt: skip
+    return header, variants
+
+
+def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dict[str, Any]:
+    """Every seed's episode and the summary. For `ckpt:` policies also shadow-expert calibration, latency, and with
+    a fallback both returns (mean_return is the run with the fallback; the run without it is never observed)."""
+    seeds = parse_seeds(opts.seeds)
+    if opts.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {opts.workers}")
+    kind, arg = parse_policy_spec(opts.policy)  # a bad spec fails here, not in every worker
+    base = {"env": opts.env, "max_episode_steps": opts.max_episode_steps}
+    out: dict[str, Any] = {"policy": opts.policy, "env": opts.env, "seeds": seeds, **base}
+    start = time.perf_counter()
+    if kind != "ckpt":
+        records = _episodes(opts, seeds, base, "eval", observers)
+        return {**out, **summarise_returns(records), "wall_s": time.perf_counter() - start, "episodes": records}
+    header, variants = _controller_variants(opts, arg)
+    out.update(header)
+    runs = {}
+    for name, options in variants:
+        settings = {**base, "policy_options": tuple(sorted(options.items()))}
+        runs[name] = _episodes(opts, seeds, settings, name or "eval", observers if not name else None)
+    records = runs[""]
+    out.update(summarise_returns(records))
+    out.update(aggregate(records))
+    if "no_fallback" in runs:
+        plain = runs["no_fallback"]
+        for record, other in zip(records, plain, strict=True):
+            record["return_no_fallback"] = other["return"]
+        without = summarise_returns(plain)
+        out.update({f"{k}_no_fallback": without[k] for k in ("mean_return", "std_return", "min_return")})
+        out["episodes_no_fallback"] = plain
+    out["wall_s"] = time.perf_counter() - start
+    out["episodes"] = records
+    return out
+
+
+def describe(results: Mapping[str, Any]) -> str:
+    """The controller-specific lines printed under the episode table."""
+    lines = []
+    r = results
+    if "coverage90_steer" in r:
+        lines.append(f"shadow expert ({r.get('shadow')}): coverage50_steer {r['coverage50_steer']:.3f}, "
+                     f"coverage90_steer {r['coverage90_steer']:.3f}, nll_expert {r['nll_expert']:.3f}")  # fmt: skip
+    if "latency_ms_p50" in r:
+        lines.append(f"controller latency per step: p50 {r['latency_ms_p50']:.2f} ms, p95 {r['latency_ms_p95']:.2f} ms")
+    if "fallback" in r:
+        fb = r["fallback"]
+        lines.append(f"fallback {fb['mode']} (threshold {fb['threshold']:.3g}, {fb['threshold_origin']}): "
+                     f"{r.get('n_interventions', 0)} interventions, {r.get('fallback_fraction', 0):.1%} of steps; "
+                     f"mean_return {r['mean_return']:.1f} with, {r['mean_return_no_fallback']:.1f} without")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""The fallback gate's threshold for a checkpoint: given, stored in the checkpoint, or calibrated on nominal laps.
+
+Calibration drives the controller alone (no fallback) on track seeds apart from training and evaluation seeds and
+takes a high quantile of its per-step gate score (`drive.loop.fallback.calibrate_threshold`): by construction the
+gate then fires on about (1 - q) of nominal steps, and far more often where the controller is lost.
+`store_threshold` writes it into the checkpoint's extra["fallback"], so later runs skip the nominal laps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drive import checkpoint
+from drive.errors import UserError
+from drive.loop.envs import make_env
+from drive.loop.fallback import FallbackConfig, calibrate_threshold, score
+from drive.loop.policies import ControllerPolicy
+from drive.loop.rollout import StepRecord, rollout
+from drive.loop.seeds import parse_seeds
+from drive.loop.specs import controller_policy
+
+log = logging.getLogger(__name__)
+
+
+def nominal_scores(policy: ControllerPolicy, seeds: Sequence[int], signal: str,
+                   env_kwargs: Mapping[str, Any]) -> np.ndarray:  # fmt: skip
+    """Per-step gate scores of the controller driving alone (no fallback) on `seeds`."""
+    if policy.gate is not None:
+        raise ValueError("nominal laps run without a fallback")
+    scores: list[float] = []
+
+    def observe(record: StepRecord) -> None:
+        assert record.output.prediction is not None
+        scores.append(score(record.output.prediction.epistemic_var, signal))
+
+    env = make_env(**env_kwargs)
+    try:
+        rollout(env, policy, seeds=seeds, on_step=observe)
+    finally:
+        env.close()
+    return np.asarray(scores)
+
+
+def resolve_threshold(
+    path: str | Path,
+    cfg: FallbackConfig,
+    threshold: float | None = None,
+    calibrate_seeds: Sequence[int] = (),
+    n_samples: int | None = None,
+    seed: int = 0,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[float, str]:
+    """The threshold and where it came from: given; stored in the checkpoint's extra["fallback"] (same signal,
+    quantile and samples); else calibrated now on nominal laps over `calibrate_seeds`."""
+    if threshold is not None:
+        return float(threshold), "given"
+    env_kwargs = dict(env_kwargs or {})
+    policy = controller_policy(path, n_samples, seed, shadow=None, env=env_kwargs.get("name", "carracing"))
+    stored = checkpoint.read(path, kind="controller").get("extra", {}).get("fallback") or {}
+    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples}
+    if stored and all(stored.get(k) == v for k, v in wanted.items()):
+        return float(stored["threshold"]), f"checkpoint (calibrated on seeds {stored.get('seeds')})"
+    if not calibrate_seeds:
+        raise UserError(f"{path}: no fallback threshold stored for {wanted}; give one or seeds to calibrate on")
+    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs)
+    value = calibrate_threshold(values, cfg.quantile)
+    log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", value, cfg.quantile, len(values),
+             list(calibrate_seeds))  # fmt: skip
+    return value, f"calibrated on seeds {list(calibrate_seeds)} ({len(values)} nominal steps)"
+
+
+def fallback_for_command(cfg: Any, path: str | Path) -> tuple[FallbackConfig | None, float | None, str]:
+    """The fallback of `drive eval` / `drive drive` from their shared options (fallback, fallback_threshold,
+    calibrate_seeds, samples, seed, env, max_episode_steps): (config, threshold, origin), or (None, None, "off")."""
+    if cfg.fallback == "off":
+        return None, None, "off"
+    fb = FallbackConfig(mode=cfg.fallback)
+    threshold, origin = resolve_threshold(
+        path, fb, cfg.fallback_threshold, parse_seeds(cfg.calibrate_seeds), cfg.samples, cfg.seed,
+        {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},
+    )  # fmt: skip
+    return fb, threshold, origin
+
+
+def store_threshold(path: str | Path, cfg: FallbackConfig, calibrate_seeds: Sequence[int], n_samples: int | None = None,
+                    env_kwargs: Mapping[str, Any] | None = None) -> float:  # fmt: skip
+    """Calibrate on nominal laps and write the threshold into the checkpoint's extra["fallback"] (atomically), so
+    `drive eval --fallback` and `drive drive --fallback` use it without driving the nominal laps again."""
+    env_kwargs = dict(env_kwargs or {})
+    payload = checkpoint.read(path, kind="controller")
+    policy = controller_policy(path, n_samples, 0, shadow=None, env=env_kwargs.get("name", "carracing"))
+    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs)
+    value = calibrate_threshold(values, cfg.quantile)
+    extra = {**payload["extra"], "fallback": {"threshold": value, "signal": cfg.signal, "quantile": cfg.quantile,
+                                              "n_samples": policy.n_samples, "seeds": list(map(int, calibrate_seeds)),
+                                              "n_steps": int(len(values))}}  # fmt: skip
+    checkpoint.save(path, kind="controller", name=payload["name"], config=payload["config"], module=policy.model,
+                    normalisation=payload["normalisation"], data=payload["data"], metrics=payload["metrics"],
+                    extra=extra)  # fmt: skip
+    return value

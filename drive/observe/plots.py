@@ -1,0 +1,100 @@
+"""Plots of an interpretability trace: the NSAC paper's Figure 6 (the track map coloured by phi, kappa, psi, the
+attention logit mean and the epistemic variance, from the values the model computed on that lap) and time series
+of steering (mean +- 2 sigma against the shadow expert), epistemic variance (log scale, the fallback threshold
+dashed) and the gates per head, with fallback engagements shaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drive.observe.trace import read_trace
+from sim_bridges.carracing import ACTION_NAMES
+
+MAP_PANELS = (("phi", "phi (long-term mean)"), ("kappa", "kappa (reversion rate)"), ("psi", "psi (noise)"),
+              ("mu", "attention logit mean"), ("epistemic_var_steer", "epistemic var (steer)"))  # fmt: skip
+GATES = ("kappa", "phi", "psi", "mu", "sigma2")
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_trace(path: str | os.PathLike) -> list[Path]:
+    """Figure 6 style track maps and time series for one trace; returns the PNG paths."""
+    path = Path(path)
+    table, meta = read_trace(path)
+    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names
+            if not c.endswith(("_values", "frame"))}  # fmt: skip
+    out = []
+    panels = [(k, title) for k, title in MAP_PANELS if k in cols and np.isfinite(cols[k]).any()]
+    if panels:
+        out.append(_track_maps(path, cols, meta, panels))
+    out.append(_time_series(path, cols))
+    return out
+
+
+def _track_maps(path: Path, cols: dict[str, np.ndarray], meta: dict[str, Any], panels: list[tuple[str, str]]) -> Path:
+    plt = _pyplot()
+    track = None if meta.get("track") is None else np.asarray(meta["track"])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels, strict=True):
+        if track is not None:
+            loop = np.vstack([track, track[:1]])
+            ax.plot(loop[:, 0], loop[:, 1], color="0.8", lw=6, zorder=0)
+        sc = ax.scatter(cols["x"], cols["y"], c=cols[key], s=6, cmap="viridis", zorder=1)
+        fig.colorbar(sc, ax=ax, shrink=0.75)
+        ax.set_title(title)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"seed {meta['seed']}: {meta.get('policy', '')} — values the model computed on this lap")
+    fig.subplots_adjust(left=0.02, right=0.97, top=0.85, bottom=0.03, wspace=0.15)  # tight_layout: 1 s per plot
+    target = path.with_name(path.stem + "_map.png")
+    fig.savefig(target, dpi=90)
+    plt.close(fig)
+    return target
+
+
+def _time_series(path: Path, cols: dict[str, np.ndarray]) -> Path:
+    plt = _pyplot()
+    t = cols["t"]
+    rows = ["steer", "epistemic"] + [k for k in GATES if k in cols]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(11, 1.8 * len(rows)), sharex=True, squeeze=False)
+    engaged = np.isin(cols["fallback"], ["expert", "slow"])
+    for ax, key in zip(axes[:, 0], rows, strict=True):
+        if key == "steer":
+            sd = np.sqrt(cols["aleatoric_var_steer"] + cols["epistemic_var_steer"])
+            ax.fill_between(t, cols["mean_steer"] - 2 * sd, cols["mean_steer"] + 2 * sd, alpha=0.3, label="±2σ")
+            ax.plot(t, cols["mean_steer"], lw=1, label="controller")
+            if np.isfinite(cols["expert_steer"]).any():
+                ax.plot(t, cols["expert_steer"], lw=1, color="green", label="shadow expert")
+            ax.legend(loc="upper right", fontsize=7, ncol=3)
+        elif key == "epistemic":
+            for a in ACTION_NAMES:
+                ax.semilogy(t, np.maximum(cols[f"epistemic_var_{a}"], 1e-12), lw=1, label=a)
+            if np.isfinite(cols["fallback_threshold"]).any():
+                ax.axhline(np.nanmax(cols["fallback_threshold"]), color="red", lw=1, ls="--", label="threshold")
+            ax.legend(loc="upper right", fontsize=7, ncol=4)
+        else:
+            for head in sorted(c for c in cols if c.startswith(f"{key}_h")):
+                ax.plot(t, cols[head], lw=0.7, alpha=0.6)
+            ax.plot(t, cols[key], lw=1.4, color="black", label="mean over heads")
+        if engaged.any():
+            ax.fill_between(t, 0, 1, where=engaged, transform=ax.get_xaxis_transform(), color="red", alpha=0.12)
+        ax.set_ylabel(key)
+    axes[-1, 0].set_xlabel("step")
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.98, bottom=0.06, hspace=0.12)
+    target = path.with_name(path.stem + "_timeseries.png")
+    fig.savefig(target, dpi=90)
+    plt.close(fig)
+    return target

@@ -1,0 +1,213 @@
+"""Experts: pure pursuit and the PPO checkpoint load and act; export is faithful to SB3; bad files fail clearly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gymnasium.envs.box2d.car_dynamics import Car
+
+from agents.experts.ppo import PPOExpert, PPOPolicy, PPOPolicyConfig, to_env_action
+from drive import checkpoint
+from drive.learn.ppo_expert import held_out_returns as episode_returns
+from drive.learn.ppo_expert import return_stats as summarise
+from drive.loop.specs import SHIPPED, load_expert
+from sim_bridges.carracing import IDX, LOOKAHEAD_M, STATE_DIM, STATE_NAMES, make_carracing
+
+
+def _straight_state(y_ahead: float, speed: float = 20.0) -> np.ndarray:
+    """A state whose centreline bends sideways by y_ahead * (d / 30)^2 metres at look-ahead d."""
+    s = np.zeros(STATE_DIM, np.float32)
+    s[IDX["speed"]] = speed
+    for d in LOOKAHEAD_M:
+        s[IDX[f"ahead_x_{d:g}"]] = d
+        s[IDX[f"ahead_y_{d:g}"]] = y_ahead * (d / 30.0) ** 2
+        s[IDX[f"ahead_dir_{d:g}"]] = np.arctan2(2 * y_ahead * d / 900.0, 1.0)
+    return s
+
+
+def test_pursuit_steers_towards_the_path_and_slows_for_bends():
+    expert = load_expert("pursuit")
+    expert.reset()
+    left, right, straight = (expert.act(_straight_state(y)) for y in (8.0, -8.0, 0.0))
+    for a in (left, right, straight):
+        assert a.shape == (3,) and a.dtype == np.float32
+        assert -1 <= a[0] <= 1 and 0 <= a[1] <= 1 and 0 <= a[2] <= 1
+    assert left[0] < -0.05 and right[0] > 0.05 and straight[0] == pytest.approx(0.0, abs=1e-6)
+    assert left[0] == pytest.approx(-right[0])
+    bend = _straight_state(30.0)
+    v_bend, v_straight = expert.target_speed(bend), expert.target_speed(straight_state := _straight_state(0.0))
+    assert v_bend < v_straight
+    bend[IDX["speed"]] = v_bend + 15.0
+    assert expert.act(bend)[2] > 0 and expert.act(bend)[1] == 0  # too fast for the bend: brake, no gas
+    straight_state[IDX["speed"]] = v_straight - 15.0
+    assert expert.act(straight_state)[1] > 0 and expert.act(straight_state)[2] == 0
+    with pytest.raises(ValueError, match="shape"):
+        expert.act(np.zeros(5, np.float32))
+
+
+def test_pursuit_drives_the_start_of_a_track():
+    results = episode_returns(load_expert("pursuit"), [3], max_episode_steps=300)
+    assert results[0]["progress"] > 0.2  # ~a quarter lap in 300 steps (6 s), not wandering on the grass
+
+
+def test_accel_mode_maps_one_pedal_axis_to_gas_or_brake():
+    cfg = PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(8,), action_mode="accel", brake_scale=0.8)
+    a = torch.tensor([[0.3, 0.5], [-1.0, -0.5], [2.0, -3.0]])
+    got = to_env_action(a, torch.zeros(3), cfg)
+    np.testing.assert_allclose(got.numpy(), [[0.3, 0.5, 0.0], [-1.0, 0.0, 0.4], [1.0, 0.0, 0.8]], atol=1e-6)
+
+
+def test_speed_mode_servo_never_parks_the_car():
+    cfg = PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(8,), action_mode="speed", v_min=5.0, v_max=105.0)
+    pedal = torch.linspace(-1, 1, 9)
+    at_rest = to_env_action(torch.stack([torch.zeros(9), pedal], 1), torch.zeros(9), cfg)  # (9, 3)
+    assert torch.all(at_rest[:, 1] > 0) and torch.all(at_rest[:, 2] == 0)  # even "slowest" means drive on
+    fast = to_env_action(torch.tensor([[0.0, -1.0], [0.0, 0.0]]), torch.tensor([60.0, 60.0]), cfg)
+    np.testing.assert_allclose(fast[0].numpy(), [0.0, 0.0, 0.8], atol=1e-6)  # target 5 m/s: brake, capped
+    np.testing.assert_allclose(fast[1].numpy(), [0.0, 0.0, 0.06 * (60 - 55)], atol=1e-6)  # target 55 m/s
+    policy = PPOPolicy(cfg)
+    x = torch.randn(16, STATE_DIM)
+    np.testing.assert_allclose(policy(x).detach(), to_env_action(policy.policy_action(x), x[:, 0], cfg).detach())
+
+
+def test_export_reproduces_sb3_deterministic_actions(tmp_path):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from drive.commands.expert.train import Config
+    from drive.learn.ppo_envs import PolicyAction
+    from drive.learn.ppo_expert import export_policy, policy_config, save_expert
+
+    cfg = Config(hidden=(16, 16))
+    venv = VecNormalize(DummyVecEnv([lambda: PolicyAction(make_carracing(mode="state"), policy_config(cfg))]))
+    model = PPO(
+        "MlpPolicy", venv, n_steps=64, batch_size=32, n_epochs=1, use_sde=True, device="cpu", seed=0,
+        policy_kwargs=dict(net_arch=dict(pi=[16, 16], vf=[16, 16]), activation_fn=torch.nn.Tanh),
+    )  # fmt: skip
+    model.learn(64)  # one update, and non-trivial running observation statistics
+    obs = np.stack([venv.get_original_obs()[0] + k for k in range(5)])  # (5, STATE_DIM) raw states
+    sb3_action, _ = model.predict(venv.normalize_obs(obs), deterministic=True)  # (5, 2)
+    policy, pcfg = export_policy(model, venv, cfg)
+    ours = policy.policy_action(torch.as_tensor(obs, dtype=torch.float32)).detach().numpy()
+    np.testing.assert_allclose(ours, sb3_action, atol=1e-5)
+    path = save_expert(tmp_path / "e.pt", policy, pcfg, {"heldout_mean": 1.0}, {"steps": 64})
+    reloaded = load_expert(path)
+    want = to_env_action(torch.as_tensor(sb3_action[:1]), torch.as_tensor(obs[:1, IDX["speed"]]), pcfg)[0]
+    np.testing.assert_allclose(reloaded.act(obs[0]), want.numpy(), atol=1e-5)
+
+
+def test_shipped_ppo_checkpoint_loads_and_acts():
+    payload = checkpoint.read(SHIPPED["ppo"], kind="expert")
+    assert payload["name"] == "ppo" and tuple(payload["config"]["state_names"]) == STATE_NAMES
+    assert payload["metrics"]["heldout_mean"] > 0
+    expert = load_expert("ppo")
+    env = make_carracing(mode="state")
+    _, info = env.reset(seed=4)
+    expert.reset()
+    for _ in range(20):
+        a = expert.act(info["state"])
+        assert a.shape == (3,) and a.dtype == np.float32 and np.all(np.isfinite(a))
+        _, _, _, _, info = env.step(a)
+    assert info["speed"] > 1.0  # it drives off the line
+
+
+def test_bad_expert_checkpoints_give_clear_errors(tmp_path):
+    policy = PPOPolicy(PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(4,)))
+    cfg = {**policy.cfg.to_dict(), "state_names": list(STATE_NAMES)}
+    wrong_kind = checkpoint.save(tmp_path / "c.pt", kind="controller", name="ppo", config=cfg, module=policy)
+    with pytest.raises(checkpoint.CheckpointError, match="is a trained controller .drive train., but an expert"):
+        load_expert(wrong_kind)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x00not a zip" * 10)
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt.pt: not a readable"):
+        load_expert(corrupt)
+    old_layout = {**cfg, "state_names": list(STATE_NAMES[:-3])}
+    stale = checkpoint.save(tmp_path / "s.pt", kind="expert", name="ppo", config=old_layout, module=policy)
+    with pytest.raises(checkpoint.CheckpointError, match="state layout"):
+        load_expert(stale)
+    bad_weights = checkpoint.save(
+        tmp_path / "w.pt", kind="expert", name="ppo", config={**cfg, "hidden": [5]}, module=policy
+    )
+    with pytest.raises(checkpoint.CheckpointError, match="w.pt: config/weights do not match"):
+        load_expert(bad_weights)
+    with pytest.raises(ValueError, match="not an expert name"):
+        load_expert("no_such_expert")
+
+
+def test_ppo_expert_rejects_a_wrong_state_shape():
+    expert = PPOExpert(PPOPolicy(PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(4,))))
+    with pytest.raises(ValueError, match="shape"):
+        expert.act(np.zeros(STATE_DIM + 1, np.float32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seeds", [range(1000, 1020), range(2000, 2030)])
+def test_ppo_expert_closed_loop_scores(seeds):
+    s = summarise(episode_returns(load_expert("ppo"), seeds, mode="state"))
+    assert s["mean"] >= 880 and s["min"] >= 700, s
+
+
+@pytest.mark.slow
+def test_pursuit_closed_loop_scores():
+    s = summarise(episode_returns(load_expert("pursuit"), range(2000, 2030), mode="state"))
+    assert s["mean"] >= 850, s
+
+
+def test_expert_train_writes_curve_keeps_best_and_resumes(tmp_path):
+    import json
+
+    from drive.commands.expert.train import Config, run
+
+    common = dict(run_dir=tmp_path / "run", out=tmp_path / "best.pt", n_envs=1, n_steps=256, batch_size=128,
+                  n_epochs=1, eval_every=512, eval_seeds="5000", hidden=(16,))  # fmt: skip
+    assert run(Config(total_steps=512, **common)) == 0
+    run_dir = tmp_path / "run"
+    assert {"config.json", "eval.csv", "eval.json", "eval.png", "sb3_last.zip", "expert_best.pt"} <= {
+        p.name for p in run_dir.iterdir()
+    }
+    assert run(Config(total_steps=1024, resume=True, **common)) == 0
+    history = json.loads((run_dir / "eval.json").read_text())
+    assert [h["steps"] for h in history] == [512, 1024]  # resumed where it stopped, not from zero
+    best = checkpoint.read(tmp_path / "best.pt", kind="expert")
+    assert best["metrics"]["heldout_mean"] == pytest.approx(max(h["mean"] for h in history))
+    with pytest.raises(ValueError, match="1000-1019"):
+        run(Config(**{**common, "total_steps": 512, "eval_seeds": "1010-1012"}))
+
+
+def test_training_shaping_charges_wheels_off_road_and_ends_long_excursions():
+    from drive.learn.ppo_envs import TrainShaping
+
+    plain = make_carracing(mode="state")
+    shaped = TrainShaping(make_carracing(mode="state"), patience=3, penalty=20.0, wheel_penalty=0.05)
+    for env in (plain, shaped):
+        env.reset(seed=2)
+        base = env.unwrapped
+        _, beta, x, y = base.track[30]
+        base.car.destroy()
+        base.car = Car(base.world, beta + 1.2, x + 30 * np.cos(beta), y + 30 * np.sin(beta))  # on the grass
+    zero = np.zeros(3, np.float32)
+    for k in range(3):
+        _, r_plain, term_plain, _, _ = plain.step(zero)
+        _, r_shaped, term_shaped, _, info = shaped.step(zero)
+        assert info["off_track"] and not term_plain
+        if k < 2:
+            assert r_shaped == pytest.approx(r_plain - 4 * 0.05) and not term_shaped
+    assert term_shaped and r_shaped == pytest.approx(r_plain - 4 * 0.05 - 20.0)  # third off-track step in a row
+
+
+def test_training_start_perturbation_covers_any_heading_on_the_road():
+    from drive.learn.ppo_envs import TrainShaping
+    from sim_bridges.carracing import TRACK_HALF_WIDTH
+
+    env = TrainShaping(make_carracing(mode="state"), patience=60, penalty=20.0, perturb_prob=1.0)
+    headings = []
+    for seed in range(8):
+        obs, info = env.reset(seed=seed)
+        np.testing.assert_array_equal(obs, info["state"])
+        assert abs(obs[IDX["lateral_offset"]]) <= 0.8 * TRACK_HALF_WIDTH + 0.2 and not info["off_track"]
+        headings.append(obs[IDX["heading_error"]])
+    assert max(np.abs(headings)) > np.pi / 2  # some starts face backwards: the policy must learn to turn round
+    plain = TrainShaping(make_carracing(mode="state"), patience=60, penalty=20.0, perturb_prob=0.0)
+    obs, _ = plain.reset(seed=0)
+    assert abs(obs[IDX["heading_error"]]) < 0.05 and abs(obs[IDX["lateral_offset"]]) < 0.05

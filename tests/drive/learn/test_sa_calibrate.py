@@ -1,0 +1,97 @@
+"""`drive sa calibrate`: SA's nu chosen on a trained clone's validation episodes, test report without / with SA.
+
+A tiny GMLE is behaviour-cloned on the fake road (as tests/test_bc.py does) through the real CLI, in-process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from agents.encoders import EncoderConfig
+from agents.ensemble import EnsembleConfig
+from agents.mc_dropout import MCDropoutConfig
+from drive import checkpoint
+from drive.cli import main
+from drive.learn import tasks
+from drive.learn.sa import _cached_encoders
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def gmle_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sa")
+    demos, run = root / "fake", root / "gmle"
+    code = main(["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0-5", "--out", str(demos),
+                 "--max-episode-steps", "40", "--action-noise", "0.2", "--min-return", "-1000", "--keep-raw",
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    code = main(["train", "--controller", "gmle", "--data", str(demos), "--out", str(run), "--epochs", "1",
+                 "--batch-size", "32", "--no-progress", "--set", "encoder.d_model=16", "n_heads=2",
+                 "task.val_fraction=0.2", "task.test_fraction=0.2"])  # fmt: skip
+    assert code == 0
+    return run / "best.pt"
+
+
+def test_calibrate_a_trained_gmle(gmle_run, tmp_path):
+    out = tmp_path / "sa"
+    code = main(["sa", "calibrate", "--ckpt", str(gmle_run), "--frames", "24", "--passes", "4", "--out", str(out),
+                 "--no-progress"])  # fmt: skip
+    assert code == 0
+    result = json.loads((out / "sa.json").read_text())
+    low, high = result["nu_bounds"]
+    assert result["controller"] == "gmle" and low <= result["nu"] <= high and result["task"] == "demos"
+    assert result["at_bound"] in (None, "low", "high") and (result["at_bound"] is None) == (low < result["nu"] < high)
+    nus = [c[0] for c in result["curve"]]
+    assert len(nus) >= 3 and nus == sorted(nus) and len(nus) == result["n_evals"]
+    assert result["curve"][0][2] > result["curve"][-1][2] > 0  # dispersion falls with nu
+    assert result["wall_time_s"] > 0 and result["n_calibration"] == 24
+    without, with_sa = result["test"]["without_sa"], result["test"]["with_sa"]
+    assert without["epistemic_var"] == 0.0  # one deterministic network cannot disagree with itself
+    assert with_sa["epistemic_var"] > 0  # SA's passes do
+    assert without["n"] == with_sa["n"] == 3 * result["n_test"]
+    # the report without SA is the controller's own offline test report (what `drive train` writes)
+    assert without["nll"] == pytest.approx(json.loads((gmle_run.parent / "metrics.json").read_text())["test"]["nll"],
+                                           rel=1e-6)  # fmt: skip
+    assert without["per_target"]["steer"]["mse"] >= 0
+    assert (out / "sa_curve.png").stat().st_size > 1000
+
+
+def test_cached_encoders_give_the_plain_deterministic_pass(gmle_run):
+    model, payload = checkpoint.load_controller(gmle_run)
+    x = tasks.rebuild(payload["data"]).val.stacks(torch.arange(5))  # (5, 4, 84, 84)
+    ens = EnsembleConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2,
+                         n_members=2).build().eval()  # fmt: skip
+    ens.set_target_stats(torch.tensor([0.1, 0.5, 0.0]), torch.tensor([0.3, 0.2, 0.1]))
+    for m in (model, ens):
+        with torch.no_grad():
+            plain = m.deterministic_pass(x)
+            encoders = [mod for n, mod in m.named_modules() if n.endswith("encoder")]
+            with _cached_encoders(m, batch_size=2) as tokens:
+                t = tokens(x)
+                assert t.shape == (5, len(encoders), 4, 16)
+                cached = m.deterministic_pass(t)
+            assert [mod for n, mod in m.named_modules() if n.endswith("encoder")] == encoders  # put back
+        for a, b in zip(plain, cached, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        expected = m.predict(x)
+        torch.testing.assert_close(plain.mean * m.y_scale + m.y_loc, expected.mean, rtol=1e-5, atol=1e-6)
+    assert (plain.epistemic_var > 0).all()  # DE: the member disagreement of the deterministic pass
+
+
+def test_refuses_stochastic_controllers_and_foreign_files(gmle_run, tmp_path, capsys):
+    payload = checkpoint.read(gmle_run)
+    cfg = MCDropoutConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    mcd = checkpoint.save(tmp_path / "mcd.pt", kind="controller", name="mcd", config=cfg.__dict__ | {
+        "encoder": cfg.encoder.__dict__}, module=cfg.build(), data=payload["data"])  # fmt: skip
+    assert main(["sa", "calibrate", "--ckpt", str(mcd), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert str(mcd) in err and "'mcd'" in err and "deterministic" in err
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    assert main(["sa", "calibrate", "--ckpt", str(junk), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert str(junk) in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

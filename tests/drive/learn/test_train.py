@@ -1,0 +1,211 @@
+"""`drive train`, the generic trainer (exact resume), task plugins and the spiral task."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from agents.encoders import EncoderConfig
+from agents.gmle import GMLEConfig
+from agents.mc_dropout import MCDropoutConfig
+from agents.registry import config_to_dict
+from datasets.spiral import SpiralRecipe, fourier_features, generate, irregular_indices
+from drive import checkpoint
+from drive.learn import tasks, trainer
+from drive.errors import UserError
+from drive.learn.overrides import apply_overrides, parse_overrides
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -- spiral data (recipe B of shared/data/spiral/PROVENANCE.md) --------------------------------------------------------
+def test_spiral_generator_reproduces_the_recorded_reference_values():
+    data = generate()
+    np.testing.assert_allclose(data.noisy[0, 0], [0.0248357, -0.0069132], atol=5e-8)
+    assert data.test_idx[:5].tolist() == [0, 9, 18, 34, 45]
+    assert data.noisy.shape == (500, 300, 2) and data.noisy.dtype == np.float32
+    assert SpiralRecipe().n_interp == 85
+    r = np.linalg.norm(data.clean, axis=1)
+    np.testing.assert_allclose(r, data.t / data.t[-1], atol=1e-12)  # r grows linearly from 0 to 1
+    np.testing.assert_allclose(np.std(data.noisy - data.clean), 0.05, rtol=0.01)
+
+
+def test_irregular_indices_are_sorted_distinct_in_range_and_seeded():
+    a = irregular_indices(np.random.default_rng([0, 3]), 20, 300, 50)
+    b = irregular_indices(np.random.default_rng([0, 3]), 20, 300, 50)
+    assert np.array_equal(a, b) and a.shape == (20, 50)
+    assert all(len(set(row)) == 50 and np.all(np.diff(row) > 0) for row in a)
+    assert not np.array_equal(a[0], a[1])  # irregular per series
+    assert irregular_indices(np.random.default_rng(1), 5, 300, 10, high=85).max() < 85
+    with pytest.raises(ValueError, match="cannot draw"):
+        irregular_indices(np.random.default_rng(1), 1, 300, 90, high=85)
+
+
+def test_fourier_features_give_one_token_per_feature():
+    f = fourier_features(np.array([0.0, np.pi]), t_max=2 * np.pi, n_freqs=3)
+    assert f.shape == (2, 7)
+    np.testing.assert_allclose(f[1], [0.5, 1.0, 0.0, 0.0, 0.0, -1.0, 1.0], atol=1e-6)  # sin, cos(2^k pi / 2)
+
+
+# -- overrides and task resolution -------------------------------------------------------------------------------------
+def test_parse_and_apply_overrides_cast_types_and_name_bad_fields():
+    ctrl, task, train = parse_overrides(("n_heads=2", "encoder.d_model=8", "task.n_obs=5", "trainer.patience=3"))
+    assert task == {"n_obs": "5"} and train == {"patience": "3"}
+    cfg = apply_overrides(GMLEConfig(), ctrl)
+    assert cfg.n_heads == 2 and cfg.encoder.d_model == 8 and isinstance(cfg.encoder.d_model, int)
+    tcfg = apply_overrides(trainer.TrainerConfig(), {"patience": "3", "progress": "false", "lr": "1e-2"})
+    assert tcfg.patience == 3 and tcfg.progress is False and tcfg.lr == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="no field 'n_head'"):
+        apply_overrides(GMLEConfig(), {"n_head": "2"})
+    with pytest.raises(ValueError, match=r"encoder.d_model='x': not a valid int"):
+        apply_overrides(GMLEConfig(), {"encoder.d_model": "x"})
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_overrides(("n_heads",))
+
+
+def test_task_resolution_from_data_argument(tmp_path):
+    assert tasks.resolve(None, None) == ("spiral", None)
+    assert tasks.resolve(None, str(tmp_path)) == ("demos", tmp_path)
+    assert tasks.resolve(None, f"udacity:{tmp_path}") == ("udacity", tmp_path)
+    assert tasks.resolve("udacity", f"udacity:{tmp_path}") == ("udacity", tmp_path)
+    with pytest.raises(ValueError, match="unknown task"):
+        tasks.resolve("mnist", None)
+    with pytest.raises(ValueError, match="conflicts"):
+        tasks.resolve("spiral", f"udacity:{tmp_path}")
+
+
+def test_task_options_are_typed_and_named():
+    opts = tasks.options("spiral", {"n_obs": "7", "train_region": "interpolation"})
+    assert opts.n_obs == 7 and opts.train_region == "interpolation" and opts.noise_std == 0.05
+    with pytest.raises(ValueError, match=r"task 'spiral': --set task.n_ob: Options has no field 'n_ob'"):
+        tasks.options("spiral", {"n_ob": "10"})
+    with pytest.raises(ValueError, match=r"task.n_obs='x': not a valid int"):
+        tasks.options("spiral", {"n_obs": "x"})
+    with pytest.raises(ValueError, match=r"task.train_region='outer'"):
+        tasks.options("spiral", {"train_region": "outer"})
+    text = tasks.help_text()
+    for name in tasks.TASKS:
+        assert f"  {name}:" in text
+    assert "task.stride (int, default 1): use every stride-th step" in text
+
+
+def test_spiral_task_builds_irregular_epochs():
+    data = tasks.load("spiral", tasks.options("spiral", {"n_obs": "10", "n_freqs": "2"}), None, 0)
+    assert data.encoder == EncoderConfig(kind="features", in_dim=5, d_model=32) and data.out_dim == 2
+    x0, y0 = data.train.tensors
+    assert x0.shape == (350 * 10, 5) and y0.shape == (350 * 10, 2)
+    data.train.set_epoch(1)
+    x1, _ = data.train.tensors
+    assert not torch.equal(x0, x1)  # fresh observation times every epoch
+    data.train.set_epoch(0)
+    assert torch.equal(data.train.tensors[0], x0)  # ... deterministic in (seed, epoch)
+    assert len(data.val) == 150 * 10 and data.train.targets.shape == (350 * 300, 2)
+    assert len(data.test) == 300 and data.fingerprint["options"]["n_obs"] == 10
+    rebuilt = tasks.rebuild(data.fingerprint)
+    assert torch.equal(rebuilt.train.tensors[0], x0) and rebuilt.fingerprint == data.fingerprint
+
+
+# -- the trainer -------------------------------------------------------------------------------------------------------
+def _toy(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    y = torch.stack([x[:, 0] - 2 * x[:, 1], x[:, 2] ** 2], -1) * 3 + 10 + 0.1 * torch.randn(n, 2, generator=g)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def _fit(run_dir, epochs=4, resume=False, cfg_cls=MCDropoutConfig):
+    torch.manual_seed(0)
+    model_cfg = cfg_cls(encoder=EncoderConfig(kind="features", in_dim=3, d_model=8), out_dim=2, n_heads=2)
+    model = model_cfg.build()
+    cfg = trainer.TrainerConfig(epochs=epochs, batch_size=32, lr=3e-3, seed=3, resume=resume, progress=False,
+                                tensorboard=True, patience=0)  # fmt: skip
+    info = trainer.CheckpointInfo("mcd" if cfg_cls is MCDropoutConfig else "gmle", config_to_dict(model_cfg),
+                                  data={"task": "toy"}, target_names=("a", "b"))  # fmt: skip
+    return model, trainer.fit(model, _toy(160, 0), _toy(64, 1), cfg, run_dir, info)
+
+
+def test_trainer_writes_run_directory_and_standardises_targets(tmp_path):
+    model, result = _fit(tmp_path / "run", epochs=3)
+    run = tmp_path / "run"
+    for name in ("config.json", "metrics.jsonl", "best.pt", "last.pt", "resume.pt"):
+        assert (run / name).is_file(), name
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    lines = [json.loads(s) for s in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in lines] == [1, 2, 3] and result.epochs_run == 3
+    assert result.best_val_nll == min(row["val_nll"] for row in lines)
+    y = _toy(160, 0).tensors[1]
+    torch.testing.assert_close(model.y_loc, y.mean(0))
+    torch.testing.assert_close(model.y_scale, y.std(0, unbiased=False))
+    loaded, payload = checkpoint.load_controller(result.best_path)
+    assert payload["normalisation"]["target_names"] == ["a", "b"] and payload["data"] == {"task": "toy"}
+    assert payload["metrics"]["epoch"] == result.best_epoch
+    assert json.loads((run / "config.json").read_text())["controller"] == "mcd"
+    with pytest.raises(UserError, match="--resume"):
+        _fit(run, epochs=3)
+    with pytest.raises(UserError, match="nothing to resume"):
+        _fit(tmp_path / "empty", resume=True)
+
+
+def test_resume_after_an_interruption_continues_exactly(tmp_path, monkeypatch):
+    reference, _ = _fit(tmp_path / "straight", epochs=4)
+
+    # Kill the second run in the middle of epoch 3 (after 2 full epochs = 10 steps, plus 2 more).
+    from agents.mc_dropout import MCDropout
+
+    original, calls = MCDropout.loss, {"n": 0}
+
+    def dying_loss(self, x, y):
+        calls["n"] += 1
+        if calls["n"] == 13:
+            raise KeyboardInterrupt
+        return original(self, x, y)
+
+    monkeypatch.setattr(MCDropout, "loss", dying_loss)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path / "killed", epochs=4)
+    monkeypatch.setattr(MCDropout, "loss", original)
+    state = torch.load(tmp_path / "killed" / "resume.pt", weights_only=True)
+    assert state["epoch"] == 2
+
+    # The global RNG now holds the state after building a fresh model, not the one after epoch 2: resume restores it.
+    resumed, result = _fit(tmp_path / "killed", epochs=4, resume=True)
+    for (k, a), b in zip(reference.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    strip = lambda p: [{k: v for k, v in json.loads(s).items() if k != "seconds"} for s in p.read_text().splitlines()]  # noqa: E731
+    assert strip(tmp_path / "killed" / "metrics.jsonl") == strip(tmp_path / "straight" / "metrics.jsonl")
+    assert result.epochs_run == 4
+
+
+# -- the command, in-process -------------------------------------------------------------------------------------------
+def test_drive_train_spiral_tiny_run_writes_split_metrics(tmp_path):
+    from drive.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--controller", "gmle", "--task", "spiral", "--out", str(out), "--epochs", "1",
+            "--no-progress", "--set", "encoder.d_model=8", "n_heads=2", "task.n_obs=4", "task.n_freqs=2"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads((out / "metrics.json").read_text())
+    for split in ("interpolation", "extrapolation"):
+        for key in ("mse", "nll", "crps", "ece", "crps_samples", "coverage_90"):
+            assert np.isfinite(report[split][key]), (split, key)
+        for key in ("mse", "nll", "crps", "ece"):
+            assert np.isfinite(report[split]["noisy"][key])
+        assert report[split]["noisy"]["mse"] > report[split]["mse"]  # the noisy points carry the 0.05 noise
+    assert report["fit"]["epochs_run"] == 1 and report["controller"] == "gmle"
+    assert report["ood"]["auroc_epistemic"] == 0.5  # GMLE has no epistemic variance: all ties
+    model, payload = checkpoint.load_controller(out / "best.pt")
+    assert payload["config"]["encoder"]["d_model"] == 8 and payload["data"]["task"] == "spiral"
+    assert dataclasses.asdict(model.cfg.encoder)["in_dim"] == 5
+
+    # The first step of the spiral: 85 interpolation points, 215 extrapolation points of the 300-step grid
+    assert report["interpolation"]["n"] == 85 * 2 and report["extrapolation"]["n"] == 215 * 2
