@@ -8,6 +8,11 @@ One backbone for all methods, so a comparison between NSAC and a baseline change
               frame, so the frame stack is the time axis (the NSAC CarRacing experiment), (B, T, d).
 - `nvidia`:   a YUV image (B, 3, 66, 200) in [0, 255] -> the NVIDIA PilotNet convolution stack (Bojarski et al.
               2016); each column of the last feature map is one token, (B, 18, d).
+- `patches`:  a look-back window (B, L, C), L = n_tokens steps -> PatchTST patches (Nie et al. 2023): patch length
+              16, stride 8, the window end-padded by repeating its last step 8 times; each patch of all C = in_dim
+              channels is one token (linear embedding + learned position), (B, (L - 16) // 8 + 2, d).
+- `ft_features`: a vector (B, F) -> FT-Transformer's feature tokenizer (Gorishniy et al. 2021): x_j W_j + b_j,
+              no activation, weights and biases ~ U(-1/sqrt(d), 1/sqrt(d)) as in their code, (B, F, d).
 """
 
 from __future__ import annotations
@@ -21,11 +26,11 @@ from torch import Tensor, nn
 @dataclass(frozen=True)
 class EncoderConfig:
     kind: str = "features"
-    """one of: features, sequence, frames, nvidia"""
+    """one of: features, sequence, frames, nvidia, patches"""
     in_dim: int = 1
-    """features: number of input features; sequence: features per step; frames/nvidia: ignored"""
+    """features: number of input features; sequence/patches: features (channels) per step; frames/nvidia: ignored"""
     n_tokens: int = 4
-    """sequence: number of steps; frames: frames in the stack; features: ignored (= in_dim)"""
+    """sequence/patches: number of steps; frames: frames in the stack; features: ignored (= in_dim)"""
     d_model: int = 64
     """token width"""
 
@@ -91,11 +96,48 @@ class NvidiaTokens(nn.Module):
         return torch.relu(self.proj(tokens)) + self.position
 
 
+class PatchTokens(nn.Module):
+    """Look-back window -> one token per patch of 16 steps, stride 8 (PatchTST's defaults on every benchmark)."""
+
+    patch_len, stride = 16, 8
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        if cfg.n_tokens < self.patch_len:
+            raise ValueError(f"patches: look-back n_tokens={cfg.n_tokens} is shorter than one patch ({self.patch_len})")
+        self.length = cfg.n_tokens
+        self.n_patches = (cfg.n_tokens - self.patch_len) // self.stride + 2  # + 1 for the end padding
+        self.embed = nn.Linear(self.patch_len * cfg.in_dim, cfg.d_model)
+        self.position = nn.Parameter(torch.zeros(self.n_patches, cfg.d_model))
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, L, C) -> (B, N, d)
+        if x.shape[1] != self.length:
+            raise ValueError(f"patches: window of {x.shape[1]} steps, the encoder was built for n_tokens={self.length}")
+        padded = torch.cat([x, x[:, -1:].expand(-1, self.stride, -1)], 1)  # (B, L + stride, C)
+        patches = padded.unfold(1, self.patch_len, self.stride)  # (B, N, C, P)
+        return self.embed(patches.transpose(2, 3).flatten(2)) + self.position  # (B, N, P*C) -> (B, N, d)
+
+
+class FTFeatureTokens(nn.Module):
+    """FT-Transformer's numerical feature tokenizer: token j = x_j * W_j + b_j (linear, no ReLU)."""
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        bound = cfg.d_model**-0.5
+        self.weight = nn.Parameter(torch.empty(cfg.in_dim, cfg.d_model).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(cfg.in_dim, cfg.d_model).uniform_(-bound, bound))
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, F) -> (B, F, d)
+        return x.unsqueeze(-1) * self.weight + self.bias
+
+
 ENCODERS: dict[str, type[nn.Module]] = {
     "features": FeatureTokens,
     "sequence": SequenceTokens,
     "frames": FrameTokens,
     "nvidia": NvidiaTokens,
+    "patches": PatchTokens,
+    "ft_features": FTFeatureTokens,
 }
 
 

@@ -10,13 +10,20 @@ import dataclasses
 import typing
 from typing import Any
 
+from agents.contextual_dropout import ContextualDropoutConfig
 from agents.encoders import EncoderConfig
 from agents.ensemble import EnsembleConfig
 from agents.evidential import EvidentialConfig
+from agents.ft_mc_dropout import FTMCDropoutConfig
+from agents.ft_transformer import FTTransformerConfig
 from agents.gmle import GMLEConfig
+from agents.hsa import HSAConfig
+from agents.ivon_vi import IVONConfig
 from agents.mc_dropout import MCDropoutConfig
 from agents.nsac import NSACConfig
+from agents.patch_forecaster import PatchTSTConfig
 from agents.sde_net import SDENetConfig
+from agents.swag import MultiSWAGConfig, SWAGConfig
 
 CONTROLLERS: dict[str, type] = {
     "nsac": NSACConfig,
@@ -25,6 +32,15 @@ CONTROLLERS: dict[str, type] = {
     "de": EnsembleConfig,
     "der": EvidentialConfig,
     "sdenet": SDENetConfig,
+    "patchtst": PatchTSTConfig,
+    # FT-Transformer and the SA paper's baselines on it (SA itself calibrates "ft" post hoc: agents/sa.py)
+    "ft": FTTransformerConfig,
+    "ft-mcd": FTMCDropoutConfig,
+    "ft-swag": SWAGConfig,
+    "ft-multiswag": MultiSWAGConfig,
+    "ft-ivon": IVONConfig,
+    "ft-cdrop": ContextualDropoutConfig,
+    "ft-hsa": HSAConfig,
 }
 
 
