@@ -3,19 +3,22 @@
 `train_and_evaluate(request)` builds the task (drive/learn/tasks), the controller config from the registry with
 the task's encoder and output width, then the task's suggested defaults, then `--set` overrides; trains
 (drive/learn/trainer.py); reloads the best checkpoint from disk (so what is evaluated is what was saved); writes
-the validation report and the task's held-out evaluation to RUN/metrics.json and the task's plots beside it.
+the validation report and the task's held-out evaluation to RUN/metrics.json, the test split's predictive to
+RUN/predictions.npz (mean, aleatoric_var, epistemic_var, y; (N, D) each) and the task's plots beside them.
 `drive train` and `drive bench offline` run it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from agents.registry import CONTROLLERS, config_to_dict
@@ -106,6 +109,7 @@ def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConf
     pred, y = predict_dataset(model, data.val, train_cfg.batch_size, None, req.seed, req.device)
     t1 = time.perf_counter()
     evaluation = data.evaluate(model)
+    save_predictions(Path(req.out) / "predictions.npz", model, data.test, train_cfg.batch_size, req.seed, req.device)
     plots = [str(p) for p in data.plots(model, Path(req.out))] if data.plots is not None else []
     fit_report = {"best_epoch": result.best_epoch, "best_val_nll": result.best_val_nll,
                   "epochs_run": result.epochs_run, "stopped_early": result.stopped_early, "train_seconds": train_s,
@@ -115,6 +119,16 @@ def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConf
     if plots:
         report["plots"] = plots
     return report
+
+
+def save_predictions(path: Path, model: Any, dataset: Any, batch_size: int, seed: int, device: str) -> None:
+    """The test split's predictive (mean, aleatoric and epistemic variance, (N, D) each) and targets, for reports
+    that pool runs (reliability diagrams, PIT histograms) without reloading models."""
+    pred, y = predict_dataset(model, dataset, batch_size, None, seed, device)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, mean=pred.mean.numpy(), aleatoric_var=pred.aleatoric_var.numpy(),
+                        epistemic_var=pred.epistemic_var.numpy(), y=y.numpy())  # fmt: skip
+    atomic_write(path, buf.getvalue())
 
 
 def summary(report: dict) -> str:

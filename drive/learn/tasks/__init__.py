@@ -22,6 +22,16 @@ shaped (D,), and uses three optional dataset hooks:
     tensors           an (x, y) pair of tensors holding the whole current epoch: batches are sliced from it directly.
 `TaskData.fingerprint` records the task, its options, the seed and the data it read, so `rebuild(fingerprint)`
 reconstructs the same splits later (`drive sa calibrate`, `drive results --checkpoint last`).
+
+Offline benchmarks (`drive bench offline --task NAME`) also read, where a task module defines them:
+    DATASETS: tuple[str, ...]     the names `--datasets` accepts (the Options field `dataset` selects one)
+    PROTOCOLS: tuple[str, ...]    the protocols `--protocol` accepts (the Options field `protocol` selects one)
+    PAPER: dict                   {protocol: {dataset: {controller: {metric: value}}}}: the paper's numbers
+    CONTROLLERS: tuple[str, ...]  the controllers a full table runs
+Run s = 0..N-1 of a table cell is `drive train --task NAME --seed s --set task.dataset=D task.protocol=P`: the task
+maps the run seed to its protocol's split (Gal's split index s, or the paper's seed 42 + s). metrics.json's "test"
+is the report on the test split (drive.metrics.regression_report keys); a task with several test sets adds
+"tests": {name: report}. RUN/predictions.npz holds the test split's predictive for pooled plots.
 """
 
 from __future__ import annotations
