@@ -85,7 +85,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from datasets.errors import DataError
 from datasets.root import data_folder
-from datasets.uci import Scaler
+from datasets.scaling import Scaler
 
 ETT_FILES = {"etth1": "ETTh1.csv.gz", "etth2": "ETTh2.csv.gz", "ettm1": "ETTm1.csv.gz", "ettm2": "ETTm2.csv.gz"}
 ETT_COLUMNS = ("HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT")
