@@ -9,6 +9,7 @@ the answering rules); `stats` counts everything (connects, answers by kind, refu
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections import Counter, deque
@@ -39,6 +40,20 @@ class Frame:
     telemetry: Telemetry
     received_at: float  # time.perf_counter() when it arrived
     coalesced: list[Frame] = field(default_factory=list)  # older waiting frames answered with this one's command
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Raise OSError naming host:port when the bridge could not listen there (0 picks a free port)."""
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"port {port} is outside 0..65535")
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 class UdacityServer:
@@ -81,6 +96,7 @@ class UdacityServer:
             def log(self, type, message, *args):  # noqa: A002 - werkzeug's signature
                 log.debug("http: " + message, *args)
 
+        _check_bindable(host, port)  # werkzeug would print to stderr and sys.exit(1) instead of raising
         self._httpd = make_server(host, port, socketio.WSGIApp(self.sio), threaded=True, request_handler=_Quiet)
         self.port = int(self._httpd.server_port)
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="udacity-bridge")

@@ -1,0 +1,155 @@
+"""Bad input, each a one-line error `drive COMMAND: error: ...`, exit code 2, no traceback, nothing executed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from drive.cli import main
+from tests.conftest import REPO
+
+SHIPPED_NSAC = REPO / "checkpoints" / "carracing_nsac.pt"
+SHIPPED_PPO = REPO / "checkpoints" / "expert_ppo.pt"
+
+
+def _one_line_error(capsys, command: str) -> str:
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip() and not line.startswith("WARNING")]
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(f"drive {command}: error: "), lines[0]
+    assert "Traceback" not in captured.err and "weights_only=False" not in captured.err
+    return lines[0]
+
+
+class _Payload:
+    """Pickled code: unpickling it would create the marker file."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_carrying_pickled_code_is_refused_unrun(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "drive-checkpoint", "payload": _Payload(str(marker))}, evil, pickle_protocol=2)
+    assert main(["eval", "--policy", f"ckpt:{evil}", "--seeds", "1"]) == 2
+    line = _one_line_error(capsys, "eval")
+    assert "evil.pt" in line and "pickled" in line
+    assert not marker.exists()  # the code never ran
+
+
+def test_random_bytes_as_a_checkpoint(tmp_path, capsys):
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(os.urandom(4096))
+    assert main(["eval", "--policy", f"ckpt:{junk}", "--seeds", "1"]) == 2
+    assert "junk.pt: not a readable drive checkpoint" in _one_line_error(capsys, "eval")
+
+
+def test_an_expert_as_a_controller_and_the_reverse(capsys):
+    assert main(["eval", "--policy", f"ckpt:{SHIPPED_PPO}", "--seeds", "1"]) == 2
+    assert "is an expert" in _one_line_error(capsys, "eval")
+    assert main(["eval", "--policy", f"expert:{SHIPPED_NSAC}", "--seeds", "1"]) == 2
+    assert "is a trained controller" in _one_line_error(capsys, "eval")
+    assert main(["dagger", "--ckpt", str(SHIPPED_PPO), "--data", "nowhere", "--out", "x", "--seeds", "5"]) == 2
+    _one_line_error(capsys, "dagger")
+
+
+def test_missing_data_path_and_unknown_controller(tmp_path, capsys):
+    assert main(["train", "--controller", "nsac", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "r")]) == 2
+    assert "does not exist" in _one_line_error(capsys, "train")
+    assert main(["train", "--controller", "nonexistent", "--out", str(tmp_path / "r")]) == 2
+    assert "unknown controller 'nonexistent'" in _one_line_error(capsys, "train")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "d"
+    assert main(["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0-3", "--max-episode-steps",
+                 "20", "--min-return", "-1000", "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    return out
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_corrupt_manifest_and_truncated_episode(tiny_dataset, tmp_path, capsys):
+    capsys.readouterr()
+    corrupt = _copy(tiny_dataset, tmp_path / "corrupt")
+    text = (corrupt / "manifest.json").read_text()
+    (corrupt / "manifest.json").write_text(text[: len(text) // 3])
+    for argv, command in ((["data", "info", str(corrupt)], "data info"),
+                          (["train", "--controller", "gmle", "--data", str(corrupt), "--out", str(tmp_path / "r1")],
+                           "train")):  # fmt: skip
+        assert main(argv) == 2
+        assert "manifest.json: corrupt or truncated manifest" in _one_line_error(capsys, command)
+    truncated = _copy(tiny_dataset, tmp_path / "truncated")
+    shard = truncated / "episodes" / "seed_000002.npz"
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert main(["train", "--controller", "gmle", "--data", str(truncated), "--out", str(tmp_path / "r2"),
+                 "--set", "task.val_fraction=0.25", "task.test_fraction=0.25"]) == 2  # fmt: skip
+    assert "seed_000002.npz" in _one_line_error(capsys, "train")
+    assert not (tmp_path / "r2" / "best.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, command, needle",
+    [
+        (["eval", "--seeds", "5-1"], "eval", "runs backwards"),
+        (["eval", "--seeds", "abc"], "eval", "bad seed spec"),
+        (["collect", "--episodes", "0", "--out", "unused"], "collect", "--episodes must be >= 1"),
+        (["collect", "--episodes", "x", "--out", "unused"], "collect", "--episodes: invalid value 'x'"),
+        (["collect", "--bogus", "--out", "unused"], "collect", "unrecognized option"),
+        (["train", "--controller", "gmle"], "train", "missing required option(s): --out"),
+        (["eval", "--env", "mars"], "eval", "mars"),
+        (["train", "--controller", "gmle", "--out", "unused", "--set", "task.n_obs=x"], "train", "not a valid int"),
+    ],
+)
+def test_bad_option_values(argv, command, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert needle in _one_line_error(capsys, command)
+    assert not (tmp_path / "unused").exists()
+
+
+def test_a_file_that_is_not_parquet_to_replay(tmp_path, capsys):
+    fake = tmp_path / "trace.parquet"
+    fake.write_bytes(b"PAR? not parquet")
+    assert main(["replay", str(fake), "--out", str(tmp_path / "v.mp4")]) == 2
+    assert "trace.parquet: not a readable Parquet trace" in _one_line_error(capsys, "replay")
+    assert not (tmp_path / "v.mp4").exists()
+
+
+def test_a_port_that_cannot_be_bound(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["udacity", "drive", "--policy", "vision", "--port", str(port), "--display", "none",
+                     "--run-dir", str(tmp_path / "run"), "--connect-timeout-s", "1"])  # fmt: skip
+    assert code == 2
+    assert str(port) in _one_line_error(capsys, "udacity drive")
+
+
+def test_debug_shows_the_traceback_and_unexpected_errors_keep_theirs(tmp_path):
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"\0" * 10)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    one = subprocess.run([sys.executable, "-m", "drive", "eval", "--policy", f"ckpt:{junk}", "--seeds", "1"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert one.returncode == 2 and "Traceback" not in one.stderr
+    debug = subprocess.run([sys.executable, "-m", "drive", "--debug", "eval", "--policy", f"ckpt:{junk}", "--seeds",
+                            "1"], capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "CheckpointError" in debug.stderr
