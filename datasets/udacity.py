@@ -9,7 +9,8 @@ empty (a log recorded in autonomous mode carries only the center frame). Any mal
 steering outside [-1, 1] or missing image raises `UdacityLogError` naming the file and line.
 
 `preprocess` is the NSAC / car-behavioral-cloning (naokishibuya) pipeline: crop sky and hood (rows 60:-25), resize to
-200x66, RGB -> YUV, channels first. `drive udacity drive` (drive/loop/udacity.py) calls this very function on live frames, so training
+200x66, RGB -> YUV, channels first. `drive udacity drive` (drive/loop/udacity.py) calls this very function on live
+frames, so training
 and driving can never preprocess differently. Departure: naokishibuya passes `cv2.INTER_AREA` as the third
 *positional* argument of cv2.resize, which is `dst`, so their resize is in fact bilinear; we use bilinear explicitly.
 

@@ -79,7 +79,10 @@ KIND_NAMES = {"controller": "a trained controller (drive train)", "expert": "an 
 def _why_unreadable(exc: Exception) -> str:
     """What is wrong with a file torch.load refused, in the user's terms (never torch's advice to unpickle it)."""
     if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc) or "Unsupported global" in str(exc):
-        return "it holds pickled Python objects, not only tensors and primitives (refused unread: loading it could run code)"
+        return (
+            "it holds pickled Python objects, not only tensors and primitives "
+            "(refused unread: loading it could run code)"
+        )
     if isinstance(exc, (zipfile.BadZipFile, EOFError)) or "zip archive" in str(exc) or "central directory" in str(exc):
         return "corrupt or truncated (not a complete torch zip archive)"
     return f"not a torch checkpoint ({type(exc).__name__})"

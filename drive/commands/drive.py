@@ -1,6 +1,6 @@
 """`drive drive`: a trained controller drives live with the uncertainty overlay (pygame window; an mp4 headless).
 
-    drive drive --policy ckpt:runs/bc-nsac/best.pt            # default: the shipped checkpoints/carracing_nsac.pt
+drive drive --policy ckpt:runs/bc-nsac/best.pt            # default: the shipped checkpoints/carracing_nsac.pt
 """
 
 from __future__ import annotations

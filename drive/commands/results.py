@@ -107,4 +107,3 @@ def run(cfg: Config) -> int:
         Path(cfg.out).write_text(text + "\n")
         print(f"wrote {cfg.out}")
     return 0
-

@@ -206,7 +206,8 @@ def calibrate(opts: SAOptions) -> dict:
         predictor = SAPredictor(model, tokens, result.nu, opts.passes, opts.batch_size)
         with_sa = test_report(predictor, data.test, data.target_names, opts.batch_size, opts.seed)
     return {
-        "ckpt": str(opts.ckpt), "controller": name, "task": data.name, "nu": result.nu, "nu_bounds": list(result.nu_bounds),
+        "ckpt": str(opts.ckpt), "controller": name, "task": data.name, "nu": result.nu,
+        "nu_bounds": list(result.nu_bounds),
         "curve": [[c["nu"], c["loss"], c["dispersion"]] for c in result.curve],
         "curve_columns": ["nu", "loss", "dispersion"], "wall_time_s": result.wall_time_s, "n_evals": result.n_evals,
         "converged": result.converged, "at_bound": result.at_bound, "n_extensions": result.n_extensions,

@@ -173,7 +173,10 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
     n_train = len(train.tensors[1]) if getattr(train, "tensors", None) is not None else len(train)
     optimizer = model.configure_optimizer(cfg.lr, cfg.weight_decay, n_train)
     scheduler = _scheduler(optimizer, cfg, n_batches(train, cfg.batch_size))
-    loop = _resume(run_dir, model, optimizer, scheduler, cfg) if cfg.resume else _start(run_dir, model, train, cfg, info)
+    if cfg.resume:
+        loop = _resume(run_dir, model, optimizer, scheduler, cfg)
+    else:
+        loop = _start(run_dir, model, train, cfg, info)
     writer = _writer(run_dir, cfg, loop.start)
     try:
         for epoch in range(loop.start + 1, cfg.epochs + 1):

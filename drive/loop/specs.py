@@ -128,7 +128,8 @@ def controller_policy(
         )
     if payload["config"].get("out_dim") != 3:
         raise checkpoint.CheckpointError(
-            f"{path}: controller predicts {payload['config'].get('out_dim')} outputs; CarRacing needs 3 (steer, gas, brake)"
+            f"{path}: controller predicts {payload['config'].get('out_dim')} outputs; "
+            "CarRacing needs 3 (steer, gas, brake)"
         )
     gate = None
     if fallback is not None:
@@ -140,8 +141,15 @@ def controller_policy(
     return ControllerPolicy(model, coder, n_samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}")
 
 
-def ckpt_policy(path: str, env: str = "carracing", samples: int | None = None, shadow: str | None = None,
-                fallback: str = "off", fallback_threshold: float | None = None, seed: int = 0) -> ControllerPolicy:  # fmt: skip
+def ckpt_policy(
+    path: str,
+    env: str = "carracing",
+    samples: int | None = None,
+    shadow: str | None = None,
+    fallback: str = "off",
+    fallback_threshold: float | None = None,
+    seed: int = 0,
+) -> ControllerPolicy:
     """The `ckpt:PATH` builder of `drive eval` (runs in eval workers, so options are primitives)."""
     gate_cfg = None if fallback == "off" else FallbackConfig(mode=fallback)
     shadow = default_shadow(shadow, env, path)

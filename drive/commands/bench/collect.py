@@ -163,7 +163,8 @@ def run(cfg: Config) -> int:
     }
     print_tables(console, fps, per_cpu, labels, ratios)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-               "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0], "numpy": np.__version__}  # fmt: skip
+               "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
+               "numpy": np.__version__}  # fmt: skip
     results = {"frames_per_s": fps, "frames_per_cpu_s": per_cpu, "ratios": ratios, "targets": TARGETS,
                "met": {key: ratios[key] >= target for key, target in TARGETS.items()},
                "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},

@@ -40,8 +40,11 @@ def run(cfg: Config) -> int:
         raise UserError("give exactly one of --replay DIR and --carracing SEED")
     if not 0 < cfg.port < 65536 or cfg.malformed_every < 0:
         raise UserError(f"--port must be in 1..65535 and --malformed-every >= 0, got {cfg.port}, {cfg.malformed_every}")
-    source = ReplaySource(cfg.replay, loop=True) if cfg.replay is not None else CarRacingSource(cfg.carracing or 0,
-                                                                                                max_steps=100_000)
+    source = (
+        ReplaySource(cfg.replay, loop=True)
+        if cfg.replay is not None
+        else CarRacingSource(cfg.carracing or 0, max_steps=100_000)
+    )
     options = StandInConfig(cfg.host, cfg.port, max_telemetry=cfg.max_telemetry, duration_s=cfg.duration,
                             double_open=not cfg.single_chain, malformed_every=cfg.malformed_every)  # fmt: skip
     report = StandIn(options, source).run()

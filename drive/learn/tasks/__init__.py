@@ -54,6 +54,9 @@ TASKS: dict[str, str] = {
     "spiral": "drive.learn.tasks.spiral",
     "demos": "drive.learn.tasks.demos",
     "udacity": "drive.learn.tasks.udacity",
+    "bearings": "drive.learn.tasks.bearings",
+    "uci": "drive.learn.tasks.uci",
+    "forecast": "drive.learn.tasks.forecast",
 }
 DATA_PREFIXES = {"udacity:": "udacity"}  # `--data PREFIX:PATH` names the task
 
@@ -174,6 +177,7 @@ def _field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for prev, node in zip(body, body[1:], strict=False):
         if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name):
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                docs[prev.target.id] = " ".join(node.value.value.split())
+            value = node.value if isinstance(node, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docs[prev.target.id] = " ".join(value.value.split())
     return docs

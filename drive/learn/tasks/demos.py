@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -76,14 +77,14 @@ class StackDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, frames: np.ndarray, start: np.ndarray, labels: np.ndarray, k: int, seeds: np.ndarray,
-                 transform=input_transform("frames")):  # fmt: skip
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None):  # fmt: skip
         self.frames = torch.from_numpy(frames)  # (F, 84, 84) uint8
         self.start = torch.from_numpy(start.astype(np.int64))  # (N,)
         self.labels = torch.from_numpy(labels.astype(np.float32))  # (N, 3)
         self.seeds = seeds  # (N,) track seed of each sample
         self.k = k
         self._offsets = torch.arange(k)  # (k,)
-        self.transform = transform
+        self.transform = transform or input_transform("frames")
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -144,7 +145,8 @@ def split_seeds(seeds: list[int], val_fraction: float, test_fraction: float, see
     n_test = max(1, int(round(test_fraction * len(seeds)))) if test_fraction > 0 else 0
     if n_val + n_test >= len(seeds):
         raise UserError(f"{len(seeds)} episode(s) cannot be split into train/val/test ({n_val} val, {n_test} test, "
-                        "at least 1 train): record more episodes or lower task.val_fraction / task.test_fraction")  # fmt: skip
+                        "at least 1 train): record more episodes or lower task.val_fraction / "
+                        "task.test_fraction")  # fmt: skip
     pick = [seeds[i] for i in order]
     return sorted(pick[n_val + n_test :]), sorted(pick[:n_val]), sorted(pick[n_val : n_val + n_test])
 

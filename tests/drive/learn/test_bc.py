@@ -13,17 +13,18 @@ import pytest
 import torch
 
 from datasets.demonstrations import Demonstrations
-from drive.cli import main
-from drive.loop.specs import controller_policy as load_controller_policy
-from drive.observe.trace import read_trace
 from datasets.frames import code_cropped, code_full, motion_stack
+from drive.cli import main
 from drive.learn import tasks
 from drive.learn.tasks.demos import split_seeds
+from drive.loop.specs import controller_policy as load_controller_policy
+from drive.observe.trace import read_trace
 from drive.observe.video import read_video
 
 
 def build(data, **options):
     return tasks.load("demos", tasks.options("demos", {k: str(v) for k, v in options.items()}), data, 0)
+
 
 EPISODE_STEPS = 60
 EVAL_STEPS = 30

@@ -15,8 +15,8 @@ from agents.mc_dropout import MCDropoutConfig
 from agents.registry import config_to_dict
 from datasets.spiral import SpiralRecipe, fourier_features, generate, irregular_indices
 from drive import checkpoint
-from drive.learn import tasks, trainer
 from drive.errors import UserError
+from drive.learn import tasks, trainer
 from drive.learn.overrides import apply_overrides, parse_overrides
 
 

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from datasets.demonstrations import MANIFEST, DemonstrationError, Demonstrations, read_manifest
+from datasets.frames import ObservationCoder, code_full
 from drive.cli import main
+from drive.commands.data.info import dataset_summary as summarise
+from drive.errors import UserError
 from drive.loop.collect import CollectOptions as Config
 from drive.loop.collect import collect as _collect
-from drive.observe.demonstrations import recorder_for
-from drive.commands.data.info import dataset_summary as summarise
 from drive.loop.policies import ExpertPolicy, NoisyPolicy
 from drive.loop.rollout import StepRecord, rollout
-from datasets.frames import ObservationCoder, code_full
-from drive.errors import UserError
+from drive.observe.demonstrations import recorder_for
 from sim_bridges.fake_road import FakeRoadDriver, make_fake_road
 from tests.conftest import REPO
 

@@ -10,11 +10,11 @@ import pytest
 from datasets.demonstrations import Demonstrations
 from drive.cli import main
 from drive.commands.eval import Config
-from drive.loop.evaluate import evaluate
-from drive.loop.specs import POLICY_KINDS, make_policy, parse_policy_spec
 from drive.loop.envs import make_env
+from drive.loop.evaluate import evaluate
 from drive.loop.policies import ExpertPolicy
 from drive.loop.rollout import rollout
+from drive.loop.specs import POLICY_KINDS, make_policy, parse_policy_spec
 from drive.loop.specs import expert_policy as load_expert_policy
 from drive.observe.video import VideoError, VideoWriter, read_video, video_fps
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from agents.base import Controller
-from drive.loop.fallback import FallbackConfig, FallbackGate, calibrate_threshold, score
 from datasets.frames import ObservationCoder
-from drive.loop.policies import ControllerPolicy
 from drive.loop.envs import make_env
+from drive.loop.fallback import FallbackConfig, FallbackGate, calibrate_threshold, score
+from drive.loop.policies import ControllerPolicy
 from drive.loop.rollout import rollout
 from sim_bridges.fake_road import FakeRoadDriver
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from drive.errors import UserError
 from drive.loop.policies import ExpertPolicy, NoisyPolicy
 from drive.loop.rollout import PolicyOutput, StepRecord, rollout
-from drive.errors import UserError
 from drive.loop.seeds import format_seeds, parse_seeds
 from sim_bridges.fake_road import FakeRoadDriver, make_fake_road
 

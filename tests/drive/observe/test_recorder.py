@@ -16,11 +16,11 @@ from agents.nsac import NSACConfig
 from agents.registry import config_to_dict
 from datasets.frames import ObservationCoder
 from drive import checkpoint
+from drive.loop.envs import make_env
+from drive.loop.rollout import rollout
 from drive.loop.specs import controller_policy as load_controller_policy
 from drive.observe.trace import observation_stacks, read_trace
 from drive.observe.trace_recorder import TraceRecorder
-from drive.loop.envs import make_env
-from drive.loop.rollout import rollout
 
 N_HEADS = 2
 

@@ -13,12 +13,12 @@ from agents.nsac import NSACConfig
 from agents.registry import config_to_dict
 from drive import checkpoint
 from drive.cli import main
-from drive.observe.overlay import PANEL_WIDTH, OverlayState, draw_overlay
-from drive.loop.specs import controller_policy as load_controller_policy
-from drive.observe.trace import read_trace
-from drive.observe.trace_recorder import TraceRecorder
 from drive.loop.envs import make_env
 from drive.loop.rollout import rollout
+from drive.loop.specs import controller_policy as load_controller_policy
+from drive.observe.overlay import PANEL_WIDTH, OverlayState, draw_overlay
+from drive.observe.trace import read_trace
+from drive.observe.trace_recorder import TraceRecorder
 from drive.observe.video import read_video
 
 STEPS = 30
