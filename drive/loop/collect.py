@@ -55,7 +55,10 @@ class CollectOptions:
     noise_seed: int = 0
     """seed of the DART noise stream (mixed with each track seed)"""
     workers: int = 1
-    """parallel worker processes, one episode per task (1 runs in this process)"""
+    """parallel worker processes, one episode per task (1 runs in this process); with --ray: episodes in flight"""
+    ray: str | None = None
+    """run the episodes as Ray tasks: local (a Ray instance here, --workers CPUs), auto (the `ray start` cluster of
+    this node) or HOST:PORT; on several nodes --out must be on a filesystem all of them mount"""
     frame_coding: str = DEFAULT_CODING
     """how each frame is coded for controllers: full (the whole view, indicator bar kept) or cropped"""
     keep_raw: bool = False
@@ -214,7 +217,7 @@ def collect(opts: CollectOptions, recorder: RecorderFactory) -> Summary:
 
         tasks = [(str(root), settings, seed) for seed in todo]
         run_tasks(collect_episode, tasks, opts.workers, finished, show=opts.progress, label="collect",
-                  extra=(recorder,))  # fmt: skip
+                  extra=(recorder,), ray=opts.ray)  # fmt: skip
         if not (root / MANIFEST).exists():
             write_manifest(root, settings, list(done.values()))
         return Summary(root, seeds, new, len(seeds) - len(todo), time.perf_counter() - start)

@@ -41,7 +41,10 @@ class EvalOptions:
     seeds: str = "1000-1019"
     """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix"""
     workers: int = 1
-    """parallel worker processes, one episode per task"""
+    """parallel worker processes, one episode per task; with --ray: episodes in flight"""
+    ray: str | None = None
+    """run the episodes as Ray tasks: local (a Ray instance here, --workers CPUs), auto (the `ray start` cluster of
+    this node) or HOST:PORT"""
     max_episode_steps: int = 1000
     """step limit per episode (CarRacing-v3's is 1000)"""
     env: str = "carracing"
@@ -100,7 +103,7 @@ def _episodes(opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, An
     records: list[dict[str, Any]] = []
     tasks = [(opts.policy, settings, seed) for seed in seeds]
     run_tasks(evaluate_episode, tasks, opts.workers, records.append, show=opts.progress, label=label,
-              extra=(observers,) if observers is not None else ())  # fmt: skip
+              extra=(observers,) if observers is not None else (), ray=opts.ray)  # fmt: skip
     return sorted(records, key=lambda r: r["seed"])
 
 

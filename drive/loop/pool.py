@@ -1,8 +1,9 @@
-"""Run many episodes: in this process or in a process pool (one episode per task), with a frames/s progress bar.
+"""Run many episodes: in this process, in a process pool or on Ray (one episode per task), with a frames/s bar.
 
 Used by `drive collect` and `drive eval`. Workers report frames through a shared counter (`worker_tick`), so the bar
 moves during an episode, not only between them. Workers die with their parent (Linux PR_SET_PDEATHSIG): a killed
-run leaves nothing writing behind it.
+run leaves nothing writing behind it. `ray=ADDRESS` runs the same tasks on a Ray cluster instead
+(drive/loop/ray_pool.py): one interface, two engines.
 """
 
 from __future__ import annotations
@@ -56,15 +57,23 @@ def run_tasks(
     show: bool = True,
     label: str = "episodes",
     extra: tuple = (),
+    ray: str | None = None,
 ) -> None:
     """Run `fn(*task, tick, *extra)` for each task, in this process (workers=1) or in a process pool, one task per
-    job (in a worker `tick` is None: the worker reports frames through the shared counter).
+    job (in a worker `tick` is None: the worker reports frames through the shared counter); with `ray` (local, auto
+    or a cluster address) as Ray tasks, `workers` of them in flight.
 
     `on_result` gets each result as it arrives (in completion order); `tick(n)` reports n more frames for the
     progress bar. A failing task stops the run with an error naming the task; finished results were already handed
     over, so a caller that persists them in `on_result` loses nothing.
     """
     if not tasks:
+        return
+    if ray is not None:
+        from drive.loop.ray_pool import run_on_ray  # Ray is an optional extra: imported only when asked for
+
+        run_on_ray(fn, tasks, workers, on_result, extra, ray, label,
+                   lambda counter: FrameProgress(len(tasks), counter, show, label))  # fmt: skip
         return
     if workers == 1 or len(tasks) == 1:
         counter = mp.Value("q", 0, lock=False)
