@@ -44,6 +44,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "latency"): "Benchmark: per-step controller latency, S samples vs one pass.",
     ("bench", "udacity"): "Benchmark: Udacity telemetry -> steer round trip latency.",
     ("bench", "render"): "Benchmark: the fast CarRacing renderer against the stock one, per frame.",
+    ("bench", "offline"): "Benchmark tables of the offline tasks (uci, forecast, spiral): every controller, seed.",
 }
 
 
