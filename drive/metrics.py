@@ -64,8 +64,7 @@ def rmse(mean: Any, y: Any) -> float:
 
 # -- proper scores -----------------------------------------------------------------------------------------------------
 def gaussian_nll(mean: Any, var: Any, y: Any) -> float:
-    sigma2 = _std(var) ** 2
-    return float(np.mean(0.5 * np.log(2 * math.pi * sigma2) + (_np(y) - _np(mean)) ** 2 / (2 * sigma2)))
+    return float(np.mean(gaussian_nll_elementwise(mean, var, y)))
 
 
 def crps_gaussian_elementwise(mean: Any, var: Any, y: Any) -> np.ndarray:
