@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.files import atomic_path
+
 from .features import SPECS, FeatureSpec, GaussianStream, WindowStream, window_features
 from .labels import degradation
 from .raw import FS, BearingFileError, RawBearing, find_bearing, read_pronostia_temp, unwrap_days
@@ -150,8 +152,7 @@ def extract_features(
     smoother = GaussianStream(spec.smooth_sigma) if spec.smooth_sigma else None
     windower = WindowStream(spec.window, spec.step)
     out_csv = Path(out_csv)
-    partial = out_csv.with_name(out_csv.name + ".partial")
-    try:
+    with atomic_path(out_csv) as partial:  # a failed or killed run leaves the old output, never half a file
         with open(partial, "w", newline="") as handle:
             out = csv.writer(handle, lineterminator="\n")
             out.writerow(COLUMNS[bearing.layout])
@@ -166,7 +167,4 @@ def extract_features(
                 rows.write(out, *windower.push(smoother.finish()))
         if rows.written != rows.n_rows:
             raise BearingFileError(bearing.folder, None, f"{rows.written} windows, expected {rows.n_rows}")
-        os.replace(partial, out_csv)
-    finally:
-        partial.unlink(missing_ok=True)
     return rows.written

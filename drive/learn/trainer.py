@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from datasets.files import atomic_write
 from drive import checkpoint, metrics
 from drive.errors import UserError
 from drive.learn.batches import epoch_generator, fit_target_stats, iterate_batches, n_batches, predict_dataset
@@ -161,7 +162,7 @@ def _start(run_dir: Path, model, train, cfg: TrainerConfig, info: CheckpointInfo
     (run_dir / "metrics.jsonl").write_text("")
     config = {"trainer": dataclasses.asdict(cfg), "controller": info.name, "controller_config": info.config,
               "data": info.data, "target_names": list(info.target_names), **info.extra}  # fmt: skip
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    atomic_write(run_dir / "config.json", json.dumps(config, indent=2, default=str).encode())
     return _State()
 
 

@@ -47,6 +47,7 @@ from rich.table import Table
 from torch import Tensor, nn
 
 from agents.layers.nsac_attention import NSACAttention
+from datasets.files import atomic_write
 
 TARGETS = {"nsac_over_sdpa_at_64": 3.0, "memory_slope_in_n": 1.0, "s32_over_s1": 1.3}
 
@@ -334,6 +335,6 @@ def run(cfg: Config) -> int:
         + f"memory: {result['method']['memory']}"
     )
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    cfg.out.write_text(json.dumps(result, indent=2))
+    atomic_write(cfg.out, json.dumps(result, indent=2).encode())
     console.print(f"wrote {cfg.out}")
     return 0

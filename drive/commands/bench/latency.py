@@ -28,6 +28,7 @@ import torch
 from agents.base import Controller, total_variance
 from agents.encoders import EncoderConfig
 from agents.nsac import NSACConfig
+from datasets.files import atomic_write
 from datasets.frames import ObservationCoder
 from drive.checkpoint import load_controller
 from drive.loop.specs import SHIPPED_CONTROLLER, load_expert
@@ -153,7 +154,6 @@ def run(cfg: Config) -> int:
             "targets": {"stochastic_ms_p50": TARGET_MS, "ratio_p50": TARGET_RATIO},
             "results": results,
         }
-        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.out).write_text(json.dumps(payload, indent=2) + "\n")
+        atomic_write(Path(cfg.out), (json.dumps(payload, indent=2) + "\n").encode())
         print(f"wrote {cfg.out}")
     return 0
