@@ -334,7 +334,6 @@ def run(cfg: Config) -> int:
         + "\n"
         + f"memory: {result['method']['memory']}"
     )
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(cfg.out, json.dumps(result, indent=2).encode())
     console.print(f"wrote {cfg.out}")
     return 0
