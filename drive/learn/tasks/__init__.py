@@ -28,6 +28,7 @@ Offline benchmarks (`drive bench offline --task NAME`) also read, where a task m
     PROTOCOLS: tuple[str, ...]    the protocols `--protocol` accepts (the Options field `protocol` selects one)
     PAPER: dict                   {protocol: {dataset: {controller: {metric: value}}}}: the paper's numbers
     CONTROLLERS: tuple[str, ...]  the controllers a full table runs
+    SMOKE_OPTIONS: dict[str, str] `task.KEY=VALUE` options for a small, fast build (the contract test uses them)
 Run s = 0..N-1 of a table cell is `drive train --task NAME --seed s --set task.dataset=D task.protocol=P`: the task
 maps the run seed to its protocol's split (Gal's split index s, or the paper's seed 42 + s). metrics.json's "test"
 is the report on the test split (drive.metrics.regression_report keys); a task with several test sets adds
@@ -57,6 +58,8 @@ TASKS: dict[str, str] = {
     "bearings": "drive.learn.tasks.bearings",
     "uci": "drive.learn.tasks.uci",
     "forecast": "drive.learn.tasks.forecast",
+    "sa-uci": "drive.learn.tasks.sa_uci",
+    "sa-forecast": "drive.learn.tasks.sa_forecast",
 }
 DATA_PREFIXES = {"udacity:": "udacity"}  # `--data PREFIX:PATH` names the task
 
