@@ -32,6 +32,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("train",): "Train a controller (NSAC or a baseline) on a task or recorded data.",
     ("dagger",): "DAgger round: a trained clone drives, the expert labels, data is aggregated.",
     ("results",): "Table of controllers trained and driven alike (closed loop beside offline metrics).",
+    ("ood",): "Offline OOD detection: each controller's uncertainty on test frames vs perturbed camera frames.",
     ("replay",): "Render an episode trace to a video with the uncertainty overlay.",
     ("drive",): "Drive live with the uncertainty overlay (pygame window, video when headless).",
     ("fallback", "calibrate"): "Calibrate a controller's fallback threshold on nominal laps, store it in the file.",
@@ -39,6 +40,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("udacity", "record"): "Record the Udacity simulator in its own driving_log.csv format.",
     ("udacity", "standin"): "The Udacity simulator's client, stand-in: a recording or CarRacing over the protocol.",
     ("sa", "calibrate"): "Calibrate inference-time stochastic attention (nu) on a controller.",
+    ("bearings", "features"): "Raw bearing vibration folder (PRONOSTIA / XJTU-SY) -> its window-feature CSV.",
     ("bench", "collect"): "Benchmark: stock env vs fast renderer vs collect (1, 2 workers).",
     ("bench", "attention"): "Benchmark: NSAC attention vs torch SDPA, time and memory.",
     ("bench", "latency"): "Benchmark: per-step controller latency, S samples vs one pass.",
@@ -93,10 +95,14 @@ def _parse_error_message(event: Any) -> str:
         if event.argument is None:
             return one_line(Exception(event.message))
         expected = str(event.argument.lowered.metavar or "").replace("{None}|", "")
+        reasons = [line.rsplit("]: ", 1)[-1] for line in event.message.splitlines()
+                   if line.startswith("- ") and "NoneType" not in line and "]: " in line]  # fmt: skip
         message = one_line(Exception(event.message))
         found = re.search(r"from \[(.*?)\]", message)
         got = found.group(1).replace("'", "") if found else ""
-        if "could be instantiated" in message or "invalid literal" in message or not message:
+        if reasons and "invalid literal" not in reasons[-1]:
+            message = reasons[-1]
+        elif "could be instantiated" in message or "invalid literal" in message or not message:
             message = f"invalid value{f' {got!r}' if got else ''} (expected {expected})"
         return f"{flag(event.argument)}: {message}"
     return f"invalid command line ({type(event).__name__})"

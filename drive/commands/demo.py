@@ -29,6 +29,7 @@ from drive.observe.demonstrations import recorder_for
 from drive.observe.replay import replay
 from drive.observe.trace_recorder import trace_observer
 from drive.observe.video import VideoWriter, put_lines, upscale
+from drive.options import IntRange, NonNegativeInt, PositiveInt
 
 log = logging.getLogger(__name__)
 
@@ -39,25 +40,25 @@ class Config:
     """output directory: demonstrations/ (the dataset) and expert.mp4"""
     expert: str = "ppo"
     """expert that drives: ppo (shipped), pursuit, or a path to an expert checkpoint"""
-    episodes: int = 2
+    episodes: PositiveInt = 2
     """number of demonstrations to record"""
     seeds: str | None = None
     """track seeds of the demonstrations ('A-B' inclusive or 'A,B,C'; default 0..episodes-1)"""
-    workers: int = min(2, os.cpu_count() or 1)
+    workers: PositiveInt = min(2, os.cpu_count() or 1)
     """parallel worker processes for the recording"""
-    video_steps: int = 600
+    video_steps: PositiveInt = 600
     """length of the video in steps (50 steps per second of driving)"""
-    scale: int = 4
+    scale: IntRange(1, 16) = 4
     """video upscale factor of the 96x96 frames"""
-    max_episode_steps: int = 1000
+    max_episode_steps: PositiveInt = 1000
     """step limit per episode"""
     env: Literal["carracing", "fake-road"] = "carracing"
     """simulator: carracing, or fake-road (a tiny synthetic road for tests)"""
     controller: Path | None = SHIPPED_CONTROLLER
     """trained controller that then drives an unseen track with the uncertainty overlay (None: skip this part)"""
-    track: int = 1000
+    track: NonNegativeInt = 1000
     """track seed the controller drives (the controllers are trained on seeds < 1000)"""
-    controller_steps: int | None = None
+    controller_steps: PositiveInt | None = None
     """step limit of the controller's episode (default: --max-episode-steps)"""
     progress: bool = True
     """show progress bars"""

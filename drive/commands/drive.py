@@ -17,6 +17,7 @@ from drive.loop.specs import SHIPPED_CONTROLLER, controller_policy, default_shad
 from drive.loop.thresholds import fallback_for_command
 from drive.observe.trace_recorder import TraceRecorder
 from drive.observe.window import StopDriving, Window, is_headless
+from drive.options import PositiveInt
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Config:
     """the trained controller: ckpt:PATH (default: the shipped NSAC controller)"""
     seeds: str = "1000"
     """track seeds to drive, one episode each: 'A-B' (inclusive), 'A,B,C'"""
-    samples: int | None = None
+    samples: PositiveInt | None = None
     """stochastic samples per step (default: the controller's own, 32 for NSAC)"""
     shadow: str | None = None
     """shadow expert acting on the privileged state every step (ppo, pursuit, PATH; default: the expert that labelled
@@ -42,9 +43,9 @@ class Config:
     """force (true) or forbid (false) headless mode; default: detect from SDL_VIDEODRIVER / DISPLAY"""
     trace: Path | None = None
     """also record the interpretability trace of each episode into this directory"""
-    fps: int = 50
+    fps: PositiveInt = 50
     """window refresh / video frames per second"""
-    max_episode_steps: int = 1000
+    max_episode_steps: PositiveInt = 1000
     """step limit per episode"""
     env: Literal["carracing", "fake-road"] = "carracing"
     """simulator: carracing, or fake-road (tests; its shadow expert is 'pursuit')"""

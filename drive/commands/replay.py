@@ -11,6 +11,7 @@ import tyro
 
 from drive.observe.overlay import FRAME_SIZE
 from drive.observe.replay import replay
+from drive.options import IntRange, PositiveInt
 
 
 @dataclass(frozen=True)
@@ -19,11 +20,11 @@ class Config:
     """episode trace (trace_seedNNNNNN.parquet written by the recorder, e.g. `drive eval --trace DIR`)"""
     out: Path = Path("replay.mp4")
     """output video (mp4)"""
-    fps: int = 50
+    fps: PositiveInt = 50
     """frames per second of the video (CarRacing runs at 50 steps/s)"""
-    every: int = 1
+    every: PositiveInt = 1
     """write every n-th step (2 halves the video length)"""
-    frame_size: int = FRAME_SIZE
+    frame_size: IntRange(16, 4096) = FRAME_SIZE
     """side of the upscaled driving frame in pixels"""
 
 

@@ -16,14 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium.envs.box2d.car_racing import CarRacing
 
+from drive.options import NonNegativeInt, PositiveInt
 from sim_bridges.fast_render import render_state_pixels
 
 
 @dataclass(frozen=True)
 class Config:
-    steps: int = 400
+    steps: PositiveInt = 400
     """steps per measurement"""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """track seed"""
     profile: bool = False
     """also print a cProfile of the fast step loop"""

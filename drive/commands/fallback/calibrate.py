@@ -11,6 +11,7 @@ from typing import Literal
 from drive.loop.fallback import FallbackConfig
 from drive.loop.seeds import parse_seeds
 from drive.loop.thresholds import store_threshold
+from drive.options import FloatRange, PositiveInt
 
 
 @dataclass(frozen=True)
@@ -19,11 +20,11 @@ class Config:
     """controller checkpoint to calibrate (rewritten with the threshold in extra["fallback"])"""
     seeds: str = "2000-2004"
     """nominal laps: track seeds apart from training and evaluation seeds"""
-    quantile: float = 0.99
+    quantile: FloatRange(0.0, 1.0, open_low=True) = 0.99
     """the threshold is this quantile of the per-step epistemic variance on the nominal laps"""
     signal: Literal["steer", "gas", "brake", "sum"] = "steer"
     """which action's epistemic variance is the gate's score"""
-    samples: int | None = None
+    samples: PositiveInt | None = None
     """stochastic samples per step (default: the controller's own)"""
 
 
