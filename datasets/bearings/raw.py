@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from datasets.errors import DataError
+
 FS = 25600  # Hz, both PRONOSTIA and XJTU-SY accelerometers
 PRONOSTIA_ROWS = 2560  # 0.1 s at 25.6 kHz
 PRONOSTIA_TEMP_ROWS = 600  # 60 s at 10 Hz
@@ -47,7 +49,7 @@ PRONOSTIA_TEMP = re.compile(r"temp_(\d+)\.csv")
 XJTU_FILE = re.compile(r"(\d+)\.csv")
 
 
-class BearingFileError(ValueError):
+class BearingFileError(DataError):
     """A raw or feature file that cannot be used. The one-line message names the file and the line."""
 
     def __init__(self, path: str | os.PathLike, line: int | None, what: str):
