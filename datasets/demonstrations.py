@@ -201,6 +201,19 @@ def load_episode(root: str | os.PathLike, meta: dict[str, Any], frame_stack: int
     )
 
 
+def check_sizes(root: str | os.PathLike, episodes: Sequence[dict[str, Any]]) -> None:
+    """The cheap integrity check every reader runs: each listed shard exists with the size the manifest records
+    (a truncated, replaced or missing shard is a DemonstrationError naming it; hashes are checked on load)."""
+    for ep in episodes:
+        path = Path(root) / ep["file"]
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise DemonstrationError(f"{path}: listed in the manifest but missing") from None
+        if size != ep["bytes"]:
+            raise DemonstrationError(f"{path}: {size} bytes, the manifest says {ep['bytes']} (truncated or replaced)")
+
+
 class Demonstrations:
     """A dataset directory: `Demonstrations(DIR)` lists the unflagged episodes; iterate, load or split them."""
 
@@ -226,6 +239,7 @@ class Demonstrations:
             everything = [{**e, "flagged": bool(e["return"] < min_return)} for e in everything]
         self.n_flagged = sum(bool(e["flagged"]) for e in everything)
         self.episodes: list[dict[str, Any]] = [e for e in everything if include_flagged or not e["flagged"]]
+        check_sizes(self.root, self.manifest["episodes"])
 
     def __len__(self) -> int:
         return len(self.episodes)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import numpy as np
 import tyro
 
-from datasets.demonstrations import EPISODE_DIR, MANIFEST, Demonstrations, read_manifest
+from datasets.demonstrations import EPISODE_DIR, MANIFEST, Demonstrations, check_sizes, read_manifest
 from datasets.frames import LEGACY_CODING
 from drive.loop.seeds import format_seeds
 
@@ -35,6 +35,7 @@ def dataset_summary(root: str | Path, verify: bool = False) -> dict[str, Any]:
     settings = manifest["settings"]
     usable = [e for e in episodes if not e["flagged"]]
     returns = np.array([e["return"] for e in episodes], dtype=np.float64)
+    check_sizes(root, episodes)  # cheap, always: a truncated shard is an error, not a normal table
     listed = {e["file"] for e in episodes}
     on_disk = {f"{EPISODE_DIR}/{p.name}" for p in (root / EPISODE_DIR).glob("seed_*.npz")}
 

@@ -102,6 +102,8 @@ def test_corrupt_manifest_and_truncated_episode(tiny_dataset, tmp_path, capsys):
                  "--set", "task.val_fraction=0.25", "task.test_fraction=0.25"]) == 2  # fmt: skip
     assert "seed_000002.npz" in _one_line_error(capsys, "train")
     assert not (tmp_path / "r2" / "best.pt").exists()
+    assert main(["data", "info", str(truncated)]) == 2  # sizes are compared with the manifest even without --verify
+    assert "seed_000002.npz" in _one_line_error(capsys, "data info")
 
 
 @pytest.mark.parametrize(
