@@ -320,18 +320,41 @@ def test_controller_moments_internals_and_defaults():
     assert torch.equal(a, b)
 
 
-def test_loss_is_nll_plus_the_documented_regulariser():
-    model = _controller(out_dim=1, n_passes=3, reg_weight=0.5)
+@pytest.mark.parametrize("form", ["anchored", "paper"])
+def test_loss_is_the_nll_of_the_mean_plus_the_documented_regulariser(form):
+    model = _controller(out_dim=1, n_passes=3, reg_weight=0.5, reg_form=form)
     x, y = torch.randn(16, 6, 3), torch.randn(16, 1)
+    torch.manual_seed(3)
     loss = model.loss(x, y)
     parts = model.last_loss
-    reg = 0.5 * math.log1p(parts["epi_id"] / (parts["epi_ood"] + 1e-3))
+    eps = model.cfg.reg_eps
+    reg = math.log1p((parts["epi_id"] + (eps if form == "anchored" else 0.0)) / (parts["epi_ood"] + eps))
     assert parts["reg"] == pytest.approx(reg, rel=1e-5)
     assert loss.item() == pytest.approx(parts["nll"] + 0.5 * reg, rel=1e-5)
     assert parts["epi_id"] > 0 and parts["epi_ood"] > 0  # N >= 2 passes: the regulariser is alive
+    # the NLL is that of the passes' mean prediction (population variance over the passes, as the authors)
+    torch.manual_seed(3)
+    tokens, normed = model._encode(x)
+    mu, var = model._attend(x, tokens, normed, 3, None)
+    y_std = model._standardise(y)
+    m, v = mu.mean(0), (var + model.cfg.var_eps).mean(0)
+    nll = (0.5 * torch.log(2 * math.pi * v) + (y_std - m) ** 2 / (2 * v)).mean()
+    assert parts["nll"] == pytest.approx(nll.item(), rel=1e-5)
+    assert parts["epi_id"] == pytest.approx(mu.var(0, unbiased=False).mean().item(), rel=1e-5)
     with pytest.raises(ValueError, match="n_passes"):
         NSACConfig(n_passes=1)
     NSACConfig(n_passes=1, reg_weight=0.0)  # allowed without the regulariser
+    with pytest.raises(ValueError, match="reg_form"):
+        NSACConfig(reg_form="other")
+
+
+def test_ood_surrogate_is_per_head_and_relative_to_each_heads_features():
+    model = _controller(out_dim=1, ood_scale=0.5)
+    normed = torch.randn(256, 6, 32) * torch.tensor([1.0, 4.0, 0.1, 2.0]).repeat_interleave(8)  # 4 heads of 8
+    torch.manual_seed(0)
+    noise = (model.ood_tokens(normed) - normed).unflatten(-1, (4, 8))
+    ratio = noise.transpose(0, 2).flatten(1).std(1) / normed.unflatten(-1, (4, 8)).transpose(0, 2).flatten(1).std(1)
+    torch.testing.assert_close(ratio, torch.full((4,), 0.5), atol=0.02, rtol=0)
 
 
 def test_tiny_overfit_lowers_the_loss_and_state_dict_round_trip():
