@@ -120,6 +120,9 @@ def trajectories(rows: dict[str, list[str]], path: Path, title: str) -> Path | N
 
 def decomposition(rows: dict[str, list[str]], path: Path, title: str) -> Path | None:
     plt = _pyplot()
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Circle
+
     loaded = {row: _load(runs) for row, runs in rows.items()}
     loaded = {row: preds for row, preds in loaded.items() if preds}
     if not loaded:
@@ -133,19 +136,20 @@ def decomposition(rows: dict[str, list[str]], path: Path, title: str) -> Path | 
         ax = axes[r][-1]
         ax.plot(ale, label="aleatoric std", color="C1")
         ax.plot(epi, label="epistemic std", color="C2")
-        ax.set(title=f"{row}: decomposition along the test rows", xlabel="test row (spiral: time step)")
+        ax.set(title=f"{row}: decomposition along the test rows", xlabel="test row (spiral: time step)", yscale="log")
         ax.legend(fontsize=7)
         if planar:
             p = preds[0]
             ax = axes[r][0]
             for var, color, label in ((p["aleatoric_var"], "C1", "2 sd aleatoric"),
                                       (p["epistemic_var"], "C2", "2 sd epistemic")):  # fmt: skip
-                radius = 2 * np.sqrt(var.mean(1))
-                ax.scatter(p["mean"][:, 0], p["mean"][:, 1], s=(radius * 400) ** 2 / 40, color=color, alpha=0.15,
-                           lw=0, label=label)  # fmt: skip
+                radius = 2 * np.sqrt(var.mean(1))  # discs of radius 2 sd around the predicted mean
+                ax.add_collection(PatchCollection([Circle(m, r) for m, r in zip(p["mean"], radius, strict=True)],
+                                                  color=color, alpha=0.08, lw=0, label=label))  # fmt: skip
             ax.plot(p["y"][:, 0], p["y"][:, 1], color="k", lw=1, label="truth")
             ax.plot(p["mean"][:, 0], p["mean"][:, 1], color="C0", lw=1, ls="--", label="mean")
-            ax.set(title=f"{row}: curve and bands (seed {0})", aspect="equal")
+            ax.set(title=f"{row}: curve and bands (first run)", aspect="equal")
+            ax.autoscale_view()
             ax.legend(fontsize=6)
     fig.suptitle(f"{title}: aleatoric / epistemic decomposition", fontsize=10)
     return _save(fig, path, plt)

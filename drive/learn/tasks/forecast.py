@@ -30,6 +30,7 @@ the `paper` protocol's scaled table for reference only.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,8 +38,10 @@ from typing import Literal
 import numpy as np
 import torch
 
+from agents.base import Prediction
 from agents.encoders import EncoderConfig
 from datasets import forecast as fc
+from datasets.files import atomic_write
 from drive import metrics
 from drive.errors import UserError
 from drive.learn.batches import predict_dataset
@@ -75,15 +78,20 @@ class Options:
     """forecast steps H of the target"""
     eval_samples: int = 0
     """stochastic samples per test prediction (0: the controller's default)"""
+    target: Literal["residual", "level"] = "residual"
+    """what the controller predicts: the steps minus the last observed target value (residual) or the steps"""
     plot_windows: int = 3
-    """test windows drawn with their 50 / 90 % tubes in the run's forecast.png (0: no plot)"""
+    """test windows drawn with their 50 / 90 % tubes in the run's forecast.png and trajectory.npz (0: none)"""
 
 
 class Windows(torch.utils.data.Dataset):
-    """(look-back (L, C), next H target steps (H,)) pairs as contiguous tensors (the trainer's fast path)."""
+    """(look-back (L, C), next H target steps (H,)) pairs as contiguous tensors (the trainer's fast path); with
+    `residual` the steps minus the look-back's last target value `last` (N, 1), the level being y + last."""
 
-    def __init__(self, windows: fc.Windows):
-        self.tensors = (torch.from_numpy(np.ascontiguousarray(windows.x)), torch.from_numpy(windows.y.copy()))
+    def __init__(self, windows: fc.Windows, residual: bool):
+        x = np.ascontiguousarray(windows.x)  # (N, L, C)
+        self.last = x[:, -1, -1:].astype(np.float64) if residual else np.zeros((len(x), 1))  # (N, 1)
+        self.tensors = (torch.from_numpy(x), torch.from_numpy((windows.y - self.last).astype(np.float32)))
         self.targets = self.tensors[1]
         self.t = windows.t
 
@@ -102,13 +110,13 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
         part = fc.split_series(series, opts.protocol, opts.lookback, opts.horizon)
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(f"task 'forecast': {exc}") from None
-    train, val, test = Windows(part.train), Windows(part.val), Windows(part.test)
+    train, val, test = (Windows(w, opts.target == "residual") for w in (part.train, part.val, part.test))
 
     def evaluate(model) -> dict:
         return evaluate_forecast(model, test, part, opts.eval_samples, seed)
 
     def plots(model, run_dir: Path) -> list[Path]:
-        return plot_forecasts(model, test, part, run_dir / "forecast.png", opts.plot_windows, seed)
+        return plot_forecasts(model, test, part, run_dir, opts.plot_windows, seed)
 
     return TaskData(
         name="forecast",
@@ -136,13 +144,19 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "scale": part.scaler.scale.tolist(),
         },  # fmt: skip
         controller_defaults={"encoder.d_model": 32, "n_heads": 4},
-        train_defaults={"epochs": 15, "batch_size": 128, "lr": 1e-3, "patience": 5},
+        train_defaults={"epochs": 10, "batch_size": 256, "lr": 1e-3, "patience": 3},
     )
+
+
+def levels(pred: Prediction, y: torch.Tensor, last: np.ndarray) -> tuple[Prediction, torch.Tensor]:
+    """Predictive and targets of the target's steps in scaled units (a residual target's last value, (N, 1), added)."""
+    last = torch.from_numpy(last)  # (N, 1)
+    return Prediction(pred.mean.double() + last, pred.aleatoric_var, pred.epistemic_var), y.double() + last
 
 
 @torch.no_grad()
 def evaluate_forecast(model, test: Windows, part: fc.ForecastSplit, n_samples: int, seed: int) -> dict:
-    pred, y = predict_dataset(model, test, 512, n_samples or None, seed)  # (N, H) scaled
+    pred, y = levels(*predict_dataset(model, test, 512, n_samples or None, seed), test.last)  # (N, H) scaled
     naive = fc.naive_forecasts(part, part.test, history_start=part.test_rows[0])
     ts = part.target_scaler
     reports = {}
@@ -160,33 +174,44 @@ def evaluate_forecast(model, test: Windows, part: fc.ForecastSplit, n_samples: i
 
 
 @torch.no_grad()
-def plot_forecasts(model, test: Windows, part: fc.ForecastSplit, path: Path, n_windows: int, seed: int) -> list[Path]:
-    """A few test windows in original units: look-back target, truth and the predictive mean with 50 / 90 % tubes."""
+def trajectories(model, test: Windows, part: fc.ForecastSplit, n_windows: int, seed: int) -> dict[str, np.ndarray]:
+    """K evenly spaced test windows in original units: back (K, L), truth, mean, std (K, H), window (K,)."""
+    picks = np.linspace(0, len(test) - 1, n_windows).astype(int)
+    idx = torch.from_numpy(picks)
+    x, y = test.tensors[0][idx], test.tensors[1][idx]
+    pred, truth = levels(model.predict(x, None, torch.Generator().manual_seed(seed)), y, test.last[picks])
+    ts = part.target_scaler
+    return {"back": ts.inverse_transform(x[:, :, -1].numpy()), "truth": ts.inverse_transform(truth.numpy()),
+            "mean": ts.inverse_transform(pred.mean.numpy()), "std": np.sqrt(pred.total_var.double().numpy()) * ts.scale,
+            "window": picks}  # fmt: skip
+
+
+def plot_forecasts(model, test: Windows, part: fc.ForecastSplit, run_dir: Path, n_windows: int, seed: int) -> list:
+    """RUN/trajectory.npz (for the bench report's pooled figure) and RUN/forecast.png: K test windows in original
+    units, the look-back target, the truth and the predictive mean with 50 / 90 % tubes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    picks = np.linspace(0, len(test) - 1, n_windows).astype(int)
-    x, y = test.tensors[0][picks], test.tensors[1][picks]
-    pred = model.predict(x, None, torch.Generator().manual_seed(seed))
-    ts = part.target_scaler
+    t = trajectories(model, test, part, n_windows, seed)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **t)
+    atomic_write(run_dir / "trajectory.npz", buf.getvalue())
     fig, axes = plt.subplots(1, n_windows, figsize=(4.5 * n_windows, 3.2), squeeze=False)
-    L, H = part.lookback, part.horizon
-    for ax, i in zip(axes[0], range(n_windows), strict=True):
-        back = ts.inverse_transform(x[i, :, -1].numpy())  # (L,)
-        mean = ts.inverse_transform(pred.mean[i].numpy())  # (H,)
-        std = np.sqrt(pred.total_var[i].numpy()) * ts.scale
-        steps = np.arange(H)
+    steps = np.arange(part.horizon)
+    for i, ax in enumerate(axes[0]):
         for z, alpha in ((1.645, 0.2), (0.674, 0.35)):  # 90 % and 50 % central intervals
-            ax.fill_between(steps, mean - z * std, mean + z * std, color="C0", alpha=alpha, lw=0)
-        ax.plot(np.arange(-L, 0), back, color="0.4", lw=1, label="look-back")
-        ax.plot(steps, ts.inverse_transform(y[i].numpy()), color="k", lw=1.2, label="truth")
-        ax.plot(steps, mean, color="C0", lw=1.2, label="mean")
-        ax.set_title(f"test window {picks[i]}", fontsize=9)
+            ax.fill_between(steps, t["mean"][i] - z * t["std"][i], t["mean"][i] + z * t["std"][i], color="C0",
+                            alpha=alpha, lw=0)  # fmt: skip
+        ax.plot(np.arange(-part.lookback, 0), t["back"][i], color="0.4", lw=1, label="look-back")
+        ax.plot(steps, t["truth"][i], color="k", lw=1.2, label="truth")
+        ax.plot(steps, t["mean"][i], color="C0", lw=1.2, label="mean")
+        ax.set_title(f"test window {t['window'][i]}", fontsize=9)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{part.name} ({part.protocol}{f', {part.year}' if part.year else ''}): 50 / 90 % tubes", fontsize=10)
     fig.tight_layout()
+    path = run_dir / "forecast.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]

@@ -26,6 +26,11 @@ Note on the split: as in the paper's code, training times cover the whole grid, 
 part of the spiral, not unseen times. `--set task.train_region=interpolation` trains on the first 85 steps only and
 makes the extrapolation split real extrapolation.
 
+Bench report (`drive bench offline --task spiral`): metrics.json["test"] is the whole curve ("all") and
+"tests" its interpolation / extrapolation parts; the rows are the paper's ablation (Table 2 / Figure 3), NSAC with
+and without its regulariser (variant "nsac-noreg" = `--set reg_weight=0`). Each run draws RUN/decomposition.png:
+the predicted curve with its 2-sigma aleatoric and epistemic bands, and both stds along the time steps.
+
 Options (`--set task.KEY=VALUE`): the `Options` dataclass below.
 """
 
@@ -45,6 +50,22 @@ from drive.errors import UserError
 from drive.learn.tasks import TaskData
 
 DATA = ""  # generated from the recipe: no --data
+# `drive bench offline --task spiral`: the paper's ablation (Table 2 / Figure 3), NSAC with and without L_reg
+CONTROLLERS = ("nsac", "nsac-noreg")
+VARIANTS = {"nsac-noreg": ("nsac", ("reg_weight=0",))}
+DEFAULT_SEEDS = {"default": 3}
+REPORT_PLOTS = ("decomposition", "reliability", "pit")
+PAPER_SOURCES = {"default": "NSAC paper, spiral experiment (text: Table 1 on the whole curve, Table 2 ablation)"}
+PAPER: dict = {
+    "default": {
+        "spiral": {"nsac": {"mse": 0.0002, "nll": -2.3483, "crps": 0.0095, "ece": 0.1631},
+                   "de": {"mse": 0.0071, "nll": -2.5632, "crps": 0.0180}, "mcd": {"mse": 0.0094, "crps": 0.0616},
+                   "sdenet": {"crps": 0.8119, "ece": 0.0475}, "der": {"nll": -2.5026, "crps": 0.9801, "ece": 0.0431}},
+        # Table 2: "MSE 0.0002, MAE 0.0143 vs 0.0117" read as with vs without L_reg, the order of the paper's text
+        "spiral/interpolation": {"nsac": {"mse": 0.0002, "mae": 0.0143}, "nsac-noreg": {"mse": 0.0002, "mae": 0.0117}},
+        "spiral/extrapolation": {"nsac": {"mse": 0.0017, "mae": 0.0304}, "nsac-noreg": {"mse": 0.0012, "mae": 0.0272}},
+    }
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -108,8 +129,12 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
         return evaluate_spiral(model, features, gen.clean, test_noisy, gen.test_idx, recipe, opts.eval_samples, seed,
                                opts.ood_std)  # fmt: skip
 
+    def plots(model, run_dir: Path) -> list[Path]:
+        return [plot_decomposition(model, features, gen.clean, recipe.n_interp, run_dir / "decomposition.png", seed)]
+
     return TaskData(
         name="spiral",
+        plots=plots,
         train=train,
         val=val,
         test=test,
@@ -158,8 +183,46 @@ def evaluate_spiral(
         "auroc_total": metrics.auroc(pred.total_var.sum(-1).cpu(), pred_ood.total_var.sum(-1).cpu()),
         **{f"ood_{k}": v for k, v in metrics.decomposition(pred_ood.aleatoric_var, pred_ood.epistemic_var).items()},
     }
+    out["test"] = out["all"]  # the bench report's headline table: the whole curve, the clean trajectory
+    out["tests"] = {name: out[name] for name in ("interpolation", "extrapolation")}
     out["protocol"] = (
         "headline metrics vs the clean trajectory (paper); 'noisy' vs held-out noisy test points at non-validation "
         f"steps; interpolation = first {recipe.n_interp} of {recipe.steps} steps"
     )
     return out
+
+
+@torch.no_grad()
+def plot_decomposition(model, features: np.ndarray, clean: np.ndarray, n_interp: int, path: Path, seed: int) -> Path:
+    """The paper's Figure 3 for one run: the curve with 2-sigma aleatoric / epistemic bands, both stds over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    model.eval()
+    pred = model.predict(torch.from_numpy(features), None, torch.Generator().manual_seed(seed))
+    mean = pred.mean.numpy()  # (steps, 2)
+    ale, epi = (np.sqrt(v.numpy().mean(1)) for v in (pred.aleatoric_var, pred.epistemic_var))  # (steps,)
+    fig, (ax_xy, ax_t) = plt.subplots(1, 2, figsize=(10, 4.2))
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Circle
+
+    for std, color, label in ((ale, "C1", "2 sd aleatoric"), (epi, "C2", "2 sd epistemic")):  # discs of radius 2 sd
+        discs = PatchCollection([Circle(m, 2 * r) for m, r in zip(mean, std, strict=True)], color=color, alpha=0.08,
+                                lw=0, label=label)  # fmt: skip
+        ax_xy.add_collection(discs)
+    ax_xy.plot(clean[:, 0], clean[:, 1], color="k", lw=1, label="clean curve")
+    ax_xy.plot(mean[:, 0], mean[:, 1], color="C0", lw=1, ls="--", label="predicted mean")
+    ax_xy.set(aspect="equal", title="curve and bands")
+    ax_xy.autoscale_view()
+    ax_xy.legend(fontsize=7)
+    ax_t.plot(ale, color="C1", label="aleatoric std")
+    ax_t.plot(epi, color="C2", label="epistemic std")
+    ax_t.axvline(n_interp, color="0.5", ls=":", label="interpolation | extrapolation")
+    ax_t.set(xlabel="time step", title="decomposition along the curve", yscale="log")
+    ax_t.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
