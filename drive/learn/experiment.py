@@ -42,6 +42,7 @@ class TrainRequest:
     lr: float | None = None
     seed: int = 0
     resume: bool = False
+    resume_with_changes: bool = False
     overrides: tuple[str, ...] = ()
     device: str = "cpu"
     progress: bool = True
@@ -85,14 +86,55 @@ def prepare(req: TrainRequest) -> tuple[tasks.TaskData, Any, TrainerConfig]:
     return data, controller_config(req.controller, data, ctrl_over), trainer_config(req, data, trainer_over)
 
 
+# trainer fields a resumed run may change freely (they do not change what is trained); epochs may grow
+FREE_ON_RESUME = ("resume", "progress", "device", "num_workers", "tensorboard", "epochs")
+
+
+def _diff(old: Any, new: Any, where: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new)) for d in _diff(old.get(k), new.get(k), f"{where}.{k}")]
+    return [] if json.dumps(old, default=str) == json.dumps(new, default=str) else [where.lstrip(".")]
+
+
+def check_resume(req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_cfg: TrainerConfig) -> list[str]:
+    """The fields in which a resumed command differs from the run it resumes (config.json): data, task options,
+    controller, trainer. Refused (a UserError naming them) unless --resume-with-changes, which records them."""
+    path = Path(req.out) / "config.json"
+    if not req.resume or not path.is_file():
+        return []
+    stored = json.loads(path.read_text())
+    trainer_now = {k: v for k, v in dataclasses.asdict(train_cfg).items() if k not in FREE_ON_RESUME}
+    trainer_then = {k: v for k, v in stored.get("trainer", {}).items() if k not in FREE_ON_RESUME}
+    changed = (_diff(stored.get("controller"), req.controller, "controller")
+               + _diff(stored.get("controller_config"), config_to_dict(model_cfg), "controller_config")
+               + _diff(stored.get("data"), json.loads(json.dumps(data.fingerprint, default=str)), "data")
+               + _diff(trainer_then, json.loads(json.dumps(trainer_now, default=str)), "trainer"))  # fmt: skip
+    if stored.get("trainer", {}).get("epochs", 0) > train_cfg.epochs:
+        changed.append("trainer.epochs (fewer than the run already planned)")
+    if changed and not req.resume_with_changes:
+        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        raise UserError(f"{req.out}: --resume with other settings than the run ({shown}); rerun the original command, "
+                        "or pass --resume-with-changes to continue with these changes recorded")  # fmt: skip
+    grew = train_cfg.epochs > stored.get("trainer", {}).get("epochs", train_cfg.epochs)
+    if grew:  # the schedule is planned over the new total from here on (drive/learn/trainer.py)
+        stored.setdefault("trainer", {})["epochs"] = train_cfg.epochs
+    if changed:
+        stored.setdefault("resumed_with_changes", []).append({"command": req.command, "changed": changed})
+    if changed or grew:
+        atomic_write(path, json.dumps(stored, indent=2, default=str).encode())
+    return changed
+
+
 def train_and_evaluate(req: TrainRequest) -> dict[str, Any]:
     """Train, reload the best checkpoint, evaluate; returns (and writes) metrics.json's dict."""
     data, model_cfg, train_cfg = prepare(req)
+    changes = check_resume(req, data, model_cfg, train_cfg)
     torch.manual_seed(req.seed)
     model = model_cfg.build()
     info = CheckpointInfo(name=req.controller, config=config_to_dict(model_cfg), data=dict(data.fingerprint),
                           target_names=tuple(data.target_names),
-                          extra={"command": req.command, "task": data.name, "seed": req.seed, **req.extra})  # fmt: skip
+                          extra={"command": req.command, "task": data.name, "seed": req.seed, **req.extra,
+                                 **({"resumed_with_changes": changes} if changes else {})})  # fmt: skip
     n_params = sum(p.numel() for p in model.parameters())
     print(f"training {req.controller} ({n_params:,} parameters) on task {data.name} -> {req.out}")
     t0 = time.perf_counter()

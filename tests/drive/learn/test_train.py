@@ -209,3 +209,25 @@ def test_drive_train_spiral_tiny_run_writes_split_metrics(tmp_path):
 
     # The first step of the spiral: 85 interpolation points, 215 extrapolation points of the 300-step grid
     assert report["interpolation"]["n"] == 85 * 2 and report["extrapolation"]["n"] == 215 * 2
+
+
+def test_resume_refuses_other_settings_and_records_accepted_changes(tmp_path, capsys):
+    from drive.cli import main
+
+    run = tmp_path / "run"
+    base = ["train", "--controller", "gmle", "--task", "spiral", "--out", str(run), "--epochs", "1", "--no-progress",
+            "--set", "task.n_obs=5", "encoder.d_model=8", "n_heads=2", "trainer.tensorboard=false"]  # fmt: skip
+    assert main(base) == 0
+    best = (run / "best.pt").read_bytes()
+    other = [a.replace("task.n_obs=5", "task.n_obs=7") for a in base]
+    assert main([*other, "--resume", "--epochs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume with other settings than the run (data.options.n_obs" in err and "Traceback" not in err
+    assert (run / "best.pt").read_bytes() == best  # nothing trained, nothing overwritten
+    assert main([*other, "--resume", "--epochs", "2", "--resume-with-changes"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["resumed_with_changes"][0]["changed"] == ["data.options.n_obs", "data.recipe.n_obs"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2] and rows[-1]["lr"] > 0  # more epochs: the schedule goes on
+    assert main([*base, "--resume", "--epochs", "1"]) == 2  # fewer epochs than already planned
+    assert "fewer than the run already planned" in capsys.readouterr().err
