@@ -14,21 +14,36 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
 
 
-def iterate_batches(dataset, batch_size: int, shuffle: bool, generator=None, num_workers: int = 0):
-    """Yield (x, y) batches; slices `dataset.tensors` directly when the dataset offers it."""
+def iterate_batches(dataset, batch_size: int, shuffle: bool, generator=None, num_workers: int = 0, part=None):
+    """Yield (x, y) batches; slices `dataset.tensors` directly when the dataset offers it. `part(idx)` (data-parallel
+    training, drive/learn/distributed.py) maps each batch's indices to the ones this process trains on, or None to
+    skip the batch; the batches are drawn in the order a single process draws them."""
     tensors = getattr(dataset, "tensors", None)
     if tensors is not None:
         x, y = tensors
-        n = len(y)
-        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
+        for idx in _index_batches(len(y), batch_size, shuffle, generator, part):
             yield x[idx], y[idx]
+        return
+    if part is not None:  # the DataLoader below draws its workers' base seed from `generator`, then the randperm
+        base = torch.empty((), dtype=torch.int64).random_(generator=generator) if generator is not None else None
+        sampler = [idx.tolist() for idx in _index_batches(len(dataset), batch_size, shuffle, generator, part)]
+        seeded = torch.Generator().manual_seed(int(base)) if base is not None else None
+        yield from torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                                               generator=seeded)  # fmt: skip
         return
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=num_workers
     )
     yield from loader
+
+
+def _index_batches(n: int, batch_size: int, shuffle: bool, generator, part):
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    for start in range(0, n, batch_size):
+        idx = order[start : start + batch_size]
+        idx = part(idx) if part is not None else idx
+        if idx is not None:
+            yield idx
 
 
 def n_batches(dataset, batch_size: int) -> int:

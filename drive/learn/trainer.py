@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from datasets.files import atomic_write
 from drive import checkpoint, metrics
 from drive.errors import UserError
+from drive.learn import distributed
 from drive.learn.batches import epoch_generator, fit_target_stats, iterate_batches, n_batches, predict_dataset
 
 log = logging.getLogger(__name__)
@@ -145,10 +146,15 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
         scheduler.load_state_dict(state["scheduler"])
     except Exception as exc:
         raise checkpoint.CheckpointError(f"{path}: cannot resume ({type(exc).__name__}: {exc})") from exc
-    _set_rng_state(state["rng"])
+    own = distributed.own_state(state.get("rng_ranks"), state["rng"])  # under torchrun each rank resumes its own
+    if own is not None:
+        _set_rng_state(own)
+    else:
+        _seed_everything(cfg.seed + distributed.seed_offset() + state["epoch"])
     loop = _State(state["epoch"], list(state["history"]), state["best"], state["best_epoch"], state["bad_epochs"],
                   state["stopped"])  # fmt: skip
-    _truncate_log(run_dir / "metrics.jsonl", loop.start)
+    if distributed.is_main():
+        _truncate_log(run_dir / "metrics.jsonl", loop.start)
     log.info("resumed %s at epoch %d (best val nll %.4f at epoch %d)", run_dir, loop.start, loop.best, loop.best_epoch)
     return loop
 
@@ -156,9 +162,11 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
 def _start(run_dir: Path, model, train, cfg: TrainerConfig, info: CheckpointInfo) -> _State:
     if (run_dir / "resume.pt").exists():
         raise UserError(f"{run_dir} already holds a run: pass --resume to continue it, or another --out")
-    _seed_everything(cfg.seed)
+    _seed_everything(cfg.seed + distributed.seed_offset())
     loc, scale = fit_target_stats(train)
     model.set_target_stats(loc, scale)
+    if not distributed.is_main():  # under torchrun rank 0 alone writes the run directory
+        return _State()
     (run_dir / "metrics.jsonl").write_text("")
     config = {"trainer": dataclasses.asdict(cfg), "controller": info.name, "controller_config": info.config,
               "data": info.data, "target_names": list(info.target_names), **info.extra}  # fmt: skip
@@ -174,22 +182,28 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
     n_train = len(train.tensors[1]) if getattr(train, "tensors", None) is not None else len(train)
     optimizer = model.configure_optimizer(cfg.lr, cfg.weight_decay, n_train)
     scheduler = _scheduler(optimizer, cfg, n_batches(train, cfg.batch_size))
-    if cfg.resume:
+    if cfg.resume and (run_dir / "resume.pt").is_file():
         loop = _resume(run_dir, model, optimizer, scheduler, cfg)
-    else:
+    elif cfg.resume and not (run_dir / "config.json").is_file():
+        raise UserError(f"{run_dir}: nothing to resume (no run was started in this directory)")
+    else:  # a new run, or one killed before its first epoch finished: that one starts again from nothing
+        if cfg.resume:
+            log.info("%s: no epoch had finished; starting the run again", run_dir)
         loop = _start(run_dir, model, train, cfg, info)
-    writer = _writer(run_dir, cfg, loop.start)
+    writer = _writer(run_dir, cfg, loop.start) if distributed.is_main() else None
     try:
-        for epoch in range(loop.start + 1, cfg.epochs + 1):
-            if loop.stopped:
-                break
-            _epoch(model, train, val, optimizer, scheduler, cfg, epoch, loop, run_dir, info, writer)
+        with distributed.data_parallel(model, cfg.device):
+            for epoch in range(loop.start + 1, cfg.epochs + 1):
+                if loop.stopped:
+                    break
+                _epoch(model, train, val, optimizer, scheduler, cfg, epoch, loop, run_dir, info, writer)
     finally:
         if writer is not None:
             writer.close()
-    if not best_path.is_file():
-        raise RuntimeError(f"{run_dir}: no epoch finished, no checkpoint written (epochs={cfg.epochs})")
-    model.load_state_dict(checkpoint.read(best_path, kind="controller")["state_dict"])
+    if distributed.is_main():  # the other ranks wrote no checkpoint (and on another node may not see rank 0's)
+        if not best_path.is_file():
+            raise RuntimeError(f"{run_dir}: no epoch finished, no checkpoint written (epochs={cfg.epochs})")
+        model.load_state_dict(checkpoint.read(best_path, kind="controller")["state_dict"])
     return FitResult(loop.best_epoch, loop.best, len(loop.history), loop.stopped, loop.history, best_path, last_path)
 
 
@@ -199,6 +213,10 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
     t0 = time.perf_counter()
     train_loss = _train_epoch(model, train, optimizer, scheduler, cfg, epoch)
     model.on_epoch_end(epoch, cfg.epochs)
+    rngs = distributed.gather(_rng_state())  # every rank's RNG on rank 0, for an exact resume
+    if not distributed.is_main():  # rank 0 validates, checkpoints and logs; it says whether early stopping ended it
+        loop.stopped = distributed.from_main(None)
+        return
     pred, y = predict_dataset(model, val, cfg.batch_size, cfg.val_samples or None, cfg.seed, cfg.device)
     val_nll, val_mse = metrics.gaussian_nll(pred.mean, pred.total_var, y), metrics.mse(pred.mean, y)
     row = {"epoch": epoch, "train_loss": train_loss, "val_nll": val_nll, "val_mse": val_mse,
@@ -220,7 +238,7 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
             writer.add_scalar(key.replace("_", "/", 1), row[key], epoch)
         writer.flush()
     resume_state = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "rng": _rng_state(), "history": loop.history,
+                    "scheduler": scheduler.state_dict(), "rng": rngs[0], "rng_ranks": rngs, "history": loop.history,
                     "best": loop.best, "best_epoch": loop.best_epoch, "bad_epochs": loop.bad_epochs,
                     "stopped": loop.stopped}  # fmt: skip
     checkpoint.atomic_torch_save(resume_state, run_dir / "resume.pt")
@@ -228,6 +246,7 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
              "  *" if improved else "")  # fmt: skip
     if loop.stopped:
         log.info("early stop: no better validation NLL for %d epochs", cfg.patience)
+    distributed.from_main(loop.stopped)
 
 
 def _scheduler(optimizer, cfg: TrainerConfig, steps_per_epoch: int):
@@ -246,7 +265,8 @@ def _train_epoch(model, train, optimizer, scheduler, cfg: TrainerConfig, epoch: 
     if hasattr(train, "set_epoch"):
         train.set_epoch(epoch)
     total, count = 0.0, 0
-    batches = iterate_batches(train, cfg.batch_size, True, epoch_generator(cfg.seed, epoch), cfg.num_workers)
+    batches = iterate_batches(train, cfg.batch_size, True, epoch_generator(cfg.seed, epoch), cfg.num_workers,
+                              distributed.batch_part())  # fmt: skip
     bar = tqdm(batches, total=n_batches(train, cfg.batch_size), desc=f"epoch {epoch}/{cfg.epochs}", leave=False,
                disable=not cfg.progress, dynamic_ncols=True)  # fmt: skip
     for step, (x, y) in enumerate(bar):
@@ -259,6 +279,7 @@ def _train_epoch(model, train, optimizer, scheduler, cfg: TrainerConfig, epoch: 
         total += loss.item() * len(y)
         count += len(y)
         bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+    total, count = distributed.sum_over_ranks(total, count)
     if count == 0:
         raise ValueError("the training dataset is empty")
     return total / count

@@ -76,18 +76,7 @@ def run_tasks(
                    lambda counter: FrameProgress(len(tasks), counter, show, label))  # fmt: skip
         return
     if workers == 1 or len(tasks) == 1:
-        counter = mp.Value("q", 0, lock=False)
-        results: list = []
-
-        def tick(n: int) -> None:
-            counter.value += n
-            bar.update(len(results))
-
-        with FrameProgress(len(tasks), counter, show, label) as bar:
-            for task in tasks:
-                results.append(fn(*task, tick, *extra))
-                on_result(results[-1])
-                bar.update(len(results))
+        _run_here(fn, tasks, on_result, show, label, extra)
         return
     ctx = _pool_context()
     counter = ctx.Value("q", 0)
@@ -114,6 +103,22 @@ def run_tasks(
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+
+
+def _run_here(fn: Callable[..., Any], tasks: list[tuple], on_result: Callable[[Any], None], show: bool, label: str,
+              extra: tuple) -> None:  # fmt: skip
+    counter = mp.Value("q", 0, lock=False)
+    results: list = []
+
+    def tick(n: int) -> None:
+        counter.value += n
+        bar.update(len(results))
+
+    with FrameProgress(len(tasks), counter, show, label) as bar:
+        for task in tasks:
+            results.append(fn(*task, tick, *extra))
+            on_result(results[-1])
+            bar.update(len(results))
 
 
 class FrameProgress:
