@@ -7,7 +7,9 @@ aleatoric_var, epistemic_var and y, (N, D) each; a forecasting task writes RUN/t
 - pit: PIT histograms (20 bins; flat = calibrated, U = too narrow, hump = too wide);
 - trajectory: the NSAC paper's Figure 4: the first run's forecasts of K test windows with 50 / 90 % tubes;
 - decomposition: the NSAC paper's Figure 3: aleatoric and epistemic std along the test rows (for the spiral,
-  along the curve) and, for 2-D targets, the predicted curve with its 2-sigma aleatoric / epistemic bands.
+  along the curve) and, for 2-D targets, the predicted curve with its 2-sigma aleatoric / epistemic bands;
+- tubes: the NSAC paper's Figure 5: each row's first run along its RUN/tubes.npz trajectories (drive/observe/
+  tube_plots.py), one panel per controller and trajectory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from drive import metrics
+from drive.observe.tube_plots import tubes
 
 
 def _pyplot() -> Any:
@@ -55,7 +58,7 @@ def draw(results: dict[str, Any], plot_dir: Path) -> list[Path]:
         name = table["key"].replace("/", "_")
         rows = {r["row"]: r["run_dirs"] for r in table["rows"]}
         for kind, fn in (("reliability", reliability), ("pit", pit_histograms), ("trajectory", trajectories),
-                         ("decomposition", decomposition)):  # fmt: skip
+                         ("decomposition", decomposition), ("tubes", tubes)):  # fmt: skip
             if kind in kinds:
                 path = fn(rows, plot_dir / f"{name}_{kind}.png", table["key"])
                 if path is not None:

@@ -1,0 +1,1 @@
+"""`drive bearings ...`: bearing run-to-failure data (raw vibration snapshots to the published window features)."""
