@@ -1,0 +1,253 @@
+"""Task "sa-forecast": the SA paper's ETT study on a trained patch transformer (`drive train --task sa-forecast`).
+
+    drive train --task sa-forecast --controller patchtst --out runs/sa-fc/etth1-96 --set task.dataset=etth1-96
+    drive train ... --set task.timesfm=DIR/torch_model.ckpt task.timesfm_config=1.0-200m   # + the real TimesFM row
+
+Yadav, Adebiyi & Zhang (2026), sec. "TimesFM on ETT": eight configurations (ETTh1/ETTh2/ETTm1/ETTm2 x horizon 96 /
+192, the Informer splits), MAE, the native 95 % coverage of each method's predictive, and interval widths at matched
+coverage: baselines rescaled by split conformal to SA's empirical coverage on a held-out split. TimesFM's weights
+cannot be fetched here, so the attention model SA calibrates is `patchtst` (agents/patch_forecaster.py) trained on
+each configuration; a user with TimesFM weights adds its row with `task.timesfm` (agents/timesfm.py's loader,
+zero-shot: the paper fine-tunes, and fine-tuning TimesFM is not built here).
+
+A dataset name is a configuration, SERIES-H (etth1-96 .. ettm2-192). Data: `ett/` (datasets/forecast.py), protocol
+`informer` (12 / 4 / 4 months, StandardScaler on the training rows, scaled units throughout, the units ETT MAEs are
+published in). Windows: look-back `lookback` steps of the target OT alone, (L, 1) (PatchTST's channel-independent
+setting and TimesFM, a univariate model, read nothing else), and the next H steps of OT. The validation windows are
+split in time: the first half early-stops training, the second half (less its first H windows, whose targets
+overlap the first half's) is the calibration part for nu, temperature scaling and conformal (`cal_windows` of it,
+evenly spaced). Sampled predictives are scored on every `eval_stride`-th test window (4: consecutive windows
+overlap in all but 4 of their H targets; SA's passes cost ~3 ms a window on one thread); the point forecast's
+MAE / MSE over all windows is test.mae_all_windows / mse_all_windows (the figures ETT tables publish).
+Rows of one run (drive/learn/sa_study.py scores each; every row is the same trained weights):
+- "sa" (metrics.json "test"): SA post hoc at the nu of the default BO on the calibration part, S passes;
+- "mcd": MC dropout on the same weights (the residual dropout PatchTST trained with, kept on at inference);
+- "gaussian": the model's own variance head, S draws of N(mean, var) per step;
+- "timesfm-sa" (with task.timesfm): the loaded TimesFM, SA post hoc the same way.
+The paper's baselines (IVON, SWAG, MultiSWAG, contextual dropout, HSA) are FT-Transformer classes in agents/ and
+have no patch-transformer variant, so they have no row here (the PAPER numbers stand beside ours for reference).
+Cost: SA's BO seconds (study.cost.adaptation_s); mcd and gaussian need no extra training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from agents import timesfm as tfm
+from agents.encoders import EncoderConfig
+from datasets import forecast as fc
+from drive.errors import UserError
+from drive.learn import sa_study
+from drive.learn.tasks import TaskData
+
+DATA = "ROOT: the data root holding ett/ (default: $DRIVE_DATA_ROOT or ../shared/data)"
+SERIES = ("etth1", "etth2", "ettm1", "ettm2")
+HORIZONS = (96, 192)
+DATASETS = tuple(f"{s}-{h}" for s in SERIES for h in HORIZONS)
+PROTOCOLS = ("informer",)
+CONTROLLERS = ("patchtst",)
+METHODS = ("sa", "mcd", "gaussian")
+DEFAULT_SEEDS = {"informer": 1}
+REPORT_PLOTS = ("pit", "width_coverage", "nu_search")
+TIMESFM_CONFIGS = {"1.0-200m": tfm.TIMESFM_1_0_200M, "2.0-500m": tfm.TIMESFM_2_0_500M}
+PAPER_SOURCES = {"informer": "SA paper, TimesFM on ETT (text, Figure 2: ETTh1 H = 96; rows are the paper's methods)"}
+PAPER: dict = {
+    "informer": {
+        "etth1-96": {"sa": {"coverage_95": 0.615}, "ivon": {"coverage_95": 0.156}, "swag": {"coverage_95": 0.167},
+                     "multiswag": {"coverage_95": 0.208}, "cdrop": {"coverage_95": 0.198},
+                     "hsa": {"coverage_95": 0.385}},
+    }
+}  # fmt: skip
+CLAIMS = (
+    ("etth1_coverage", "ETTh1 H=96: SA native 95 % coverage 61.5 % against 15.6-38.5 % for the baselines", 0.615),
+    ("closest_everywhere", "SA's coverage is closer to 95 % than every baseline's on all 8 configurations", 8),
+    ("top_two", "at matched coverage SA is among the two narrowest on at least half of the 8 configurations", 4),
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    dataset: str = "etth1-96"
+    """configuration SERIES-H: etth1, etth2, ettm1, ettm2 x horizon 96 or 192 (e.g. ettm2-192)"""
+    protocol: str = "informer"
+    """informer: the standard 12 / 4 / 4-month ETT splits"""
+    lookback: int = 336
+    """look-back steps L (PatchTST's ETT setting)"""
+    train_stride: int = 0
+    """use every k-th training window (0: 1 for ETTh, 4 for ETTm, which has 4x the windows at 15 min)"""
+    eval_stride: int = 4
+    """score the sampled predictives on every k-th test window (the MAE of the point forecast uses all)"""
+    cal_windows: int = 256
+    """calibration windows, evenly spaced over the calibration part (0: all)"""
+    n_samples: int = 32
+    """predictive samples S per test window, every row"""
+    sa_passes: int = 8
+    """stochastic passes M per evaluation of L_SA"""
+    timesfm: str = ""
+    """a TimesFM torch_model.ckpt / .safetensors to add its SA row (empty: none)"""
+    timesfm_config: str = "1.0-200m"
+    """its configuration: 1.0-200m, 2.0-500m, or a JSON file of agents.timesfm.TimesFMConfig fields"""
+    timesfm_windows: int = 0
+    """test windows for the TimesFM row, evenly spaced (0: all; a 200M model on a CPU is slow)"""
+
+
+class Windows(torch.utils.data.Dataset):
+    """(look-back (L, C), next H target steps (H,)) as contiguous tensors (the trainer's fast path)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray):
+        x = np.ascontiguousarray(x[..., -1:])  # (N, L, 1): the target channel, all a channel-independent model reads
+        self.tensors = (torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(y)))
+        self.targets = self.tensors[1]
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):
+        return self.tensors[0][i], self.tensors[1][i]
+
+
+def parse_dataset(name: str) -> tuple[str, int]:
+    series, _, horizon = name.rpartition("-")
+    if name not in DATASETS:
+        raise UserError(f"task 'sa-forecast': unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+    return series, int(horizon)
+
+
+def timesfm_config(spec: str) -> tfm.TimesFMConfig:
+    """A named TimesFM configuration or a JSON file of TimesFMConfig fields."""
+    if spec in TIMESFM_CONFIGS:
+        return TIMESFM_CONFIGS[spec]
+    path = Path(spec)
+    if not path.is_file():
+        raise UserError(f"task.timesfm_config {spec!r}: neither {', '.join(TIMESFM_CONFIGS)} nor a JSON file")
+    try:
+        fields = json.loads(path.read_text())
+        return tfm.TimesFMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{path}: not a JSON object of TimesFMConfig fields ({exc})") from None
+
+
+def _even(n: int, k: int) -> np.ndarray:
+    return np.arange(n) if k <= 0 or k >= n else np.unique(np.linspace(0, n - 1, k).round().astype(int))
+
+
+def build(opts: Options, data: Path | None, seed: int) -> TaskData:
+    series, horizon = parse_dataset(opts.dataset)
+    if opts.protocol not in PROTOCOLS or opts.train_stride < 0 or opts.eval_stride < 1:
+        raise UserError("task 'sa-forecast': protocol 'informer', train_stride >= 0 and eval_stride >= 1")
+    if min(opts.n_samples, opts.sa_passes) < 2:
+        raise UserError("task 'sa-forecast': n_samples and sa_passes must be >= 2")
+    try:
+        part = fc.split_series(fc.load_series(series, data), opts.protocol, opts.lookback, horizon)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(f"task 'sa-forecast': {exc}") from None
+    tr, va, te = part.train, part.val, part.test
+    half = len(va.y) // 2
+    cal_idx = half + horizon + _even(len(va.y) - half - horizon, opts.cal_windows)
+    stride = opts.train_stride or (4 if series.startswith("ettm") else 1)
+    train = Windows(tr.x[::stride], tr.y[::stride])
+    val, cal, test = Windows(va.x[:half], va.y[:half]), Windows(va.x[cal_idx], va.y[cal_idx]), Windows(te.x, te.y)
+    tfm_cfg = timesfm_config(opts.timesfm_config) if opts.timesfm else None
+    if opts.timesfm and not Path(opts.timesfm).is_file():
+        raise UserError(f"task.timesfm {opts.timesfm!r}: no such file")
+    cache: dict = {}
+
+    def evaluate(model) -> dict:
+        result = evaluate_forecast(model, cal, test, opts, horizon, tfm_cfg, seed)
+        cache.update(result.pop("arrays"))
+        return result
+
+    return TaskData(
+        name="sa-forecast", train=train, val=val, test=test,
+        encoder=EncoderConfig(kind="patches", in_dim=1, n_tokens=opts.lookback, d_model=32), out_dim=horizon,
+        target_names=tuple(f"OT[t+{h}]" for h in range(horizon)),
+        fingerprint={"dataset": opts.dataset, "protocol": opts.protocol, "source": str(part.name),
+                     "data_path": None if data is None else str(data),
+                     "rows": [part.train_rows, part.val_rows, part.test_rows],
+                     "n_windows": [len(train), len(val), len(cal), len(test)]},
+        evaluate=evaluate, plots=lambda model, run_dir: sa_study.save_arrays(cache, run_dir),
+        standardiser={"kind": part.scaler.kind, "offset": part.scaler.offset.tolist(),
+                      "scale": part.scaler.scale.tolist()},
+        controller_defaults={"target": -1},
+        train_defaults={"epochs": 10, "batch_size": 128, "lr": 1e-3, "patience": 3},
+    )  # fmt: skip
+
+
+def _point(model, x: torch.Tensor) -> torch.Tensor:
+    return model.moments(x, 1)[0][0]  # (B, H) scaled data units
+
+
+@torch.no_grad()
+def mc_dropout(model, x: torch.Tensor, n_samples: int, seed: int, batch: int = 4096) -> sa_study.Predictive:
+    """The trained weights with their residual dropout on: S masked passes (global RNG, seeded)."""
+    torch.manual_seed(seed)
+    model.train()
+    step = max(1, batch // n_samples)
+    try:
+        parts = [_point(model, x[i : i + step].repeat(n_samples, 1, 1)).view(n_samples, -1, model.out_dim)
+                 for i in range(0, len(x), step)]  # fmt: skip
+    finally:
+        model.eval()
+    return sa_study.from_samples(torch.cat(parts, 1))
+
+
+@torch.no_grad()
+def gaussian_head(model, x: torch.Tensor, n_samples: int, seed: int) -> sa_study.Predictive:
+    mu, var = (t[0] for t in model.moments(x, 1))  # (N, H) each
+    g = torch.Generator().manual_seed(seed)
+    eps = torch.randn((n_samples, *mu.shape), generator=g)
+    return sa_study.Predictive(mu + var.sqrt() * eps, mu)
+
+
+def evaluate_forecast(model, cal: Windows, test: Windows, opts: Options, horizon: int, tfm_cfg, seed: int) -> dict:
+    (x_cal, y_cal), (x_all, y_all) = cal.tensors, test.tensors
+    x_test, y_test = x_all[:: opts.eval_stride], y_all[:: opts.eval_stride]
+    model.eval()
+    with torch.no_grad():
+        point = sa_study.chunked(_point, 2048)(model, x_all)  # (N, H) the deterministic forecast, every window
+    rows: dict = {}
+    s = opts.n_samples
+    p_cal, p_test, search = sa_study.sa_predictive(model, x_cal, y_cal, x_test, n_samples=s, passes=opts.sa_passes,
+                                                   seed=seed, forward=_point, batch=2048, compare=False)  # fmt: skip
+    rows["sa"] = (p_cal, p_test, y_test, {"adaptation_s": search["wall_time_s"], "sampling_s": search["sampling_s"]},
+                  search)  # fmt: skip
+    t0 = time.perf_counter()
+    rows["mcd"] = (mc_dropout(model, x_cal, s, seed + 1), mc_dropout(model, x_test, s, seed + 2), y_test,
+                   {"adaptation_s": 0.0, "sampling_s": time.perf_counter() - t0}, None)  # fmt: skip
+    t0 = time.perf_counter()
+    rows["gaussian"] = (gaussian_head(model, x_cal, s, seed + 1), gaussian_head(model, x_test, s, seed + 2), y_test,
+                        {"adaptation_s": 0.0, "sampling_s": time.perf_counter() - t0}, None)  # fmt: skip
+    if tfm_cfg is not None:
+        rows["timesfm-sa"] = timesfm_row(opts, tfm_cfg, horizon, x_cal, y_cal, x_test, y_test, seed)
+    methods, arrays = {}, {}
+    for name, (c, t, y, cost, found) in rows.items():
+        result = sa_study.study_result(name, c, y_cal, t, y, cost, found)
+        result["study"]["units"] = "the informer protocol's StandardScaler units"
+        methods[name] = result["study"]
+        arrays.update(result["arrays"])
+    test = {**methods["sa"]["native"], "mae_all_windows": (point - y_all).abs().mean().item(),
+            "mse_all_windows": (point - y_all).pow(2).mean().item(), "n_windows": len(x_test)}  # fmt: skip
+    return {"test": test, "study": {"method": "sa", "methods": methods}, "arrays": arrays}
+
+
+def timesfm_row(opts: Options, cfg, horizon: int, x_cal, y_cal, x_test, y_test, seed: int) -> tuple:
+    """The loaded TimesFM on the target's look-back (zero-shot), SA post hoc as for the trained model."""
+    model = tfm.load_timesfm(opts.timesfm, cfg)
+    pick = torch.as_tensor(_even(len(x_test), opts.timesfm_windows))
+
+    def forward(m, x: torch.Tensor) -> torch.Tensor:
+        return m.forecast(x[..., -1], horizon).mean  # (B, L) context of the target -> (B, H)
+
+    p_cal, p_test, search = sa_study.sa_predictive(model, x_cal, y_cal, x_test[pick], n_samples=opts.n_samples,
+                                                   passes=opts.sa_passes, seed=seed, forward=forward, batch=512,
+                                                   compare=False)  # fmt: skip
+    search["timesfm"] = {"path": opts.timesfm, "config": dataclasses.asdict(cfg), "n_test_windows": len(pick)}
+    cost = {"adaptation_s": search["wall_time_s"], "sampling_s": search["sampling_s"]}
+    return p_cal, p_test, y_test[pick], cost, search

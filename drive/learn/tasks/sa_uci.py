@@ -1,0 +1,188 @@
+"""Task "sa-uci": the SA paper's UCI study, FT-Transformer and its baselines on Gal's splits.
+
+    drive train --task sa-uci --controller ft --seed 0 --out runs/sa-uci/concrete/ft/0 --set task.dataset=concrete
+    drive bench offline --task sa-uci                  # every set x controller x the first 5 splits, then the tables
+
+Yadav, Adebiyi & Zhang (2026), sec. "UCI regression": an FT-Transformer trained from scratch on eight UCI sets
+(Concrete, Energy, Naval, Yacht, Protein, Wine, Kin8nm, Power), Gal's 20 random 90/10 splits (Protein 5), all six
+methods on the same backbone, splits and sample budgets. Controllers (agents/registry.py): `ft` (the plain point
+predictor; its row is SA, calibrated post hoc here), `ft-mcd`, `ft-swag`, `ft-multiswag`, `ft-ivon`, `ft-cdrop`,
+`ft-hsa` (each row the method's own samples).
+
+Data: `uci_gal/` (datasets/uci.py). Run seed s = Gal split s. Gal's training rows are cut in file order (itself a
+seeded permutation) into fit / validation / calibration: the first 1 - val - cal (80 %) fit the model and the
+standardisers, the next `val_fraction` (10 %) early-stop it, the last `cal_fraction` (10 %) are the calibration
+part on which SA's nu, the temperature and the conformal scales are fitted. The test rows are Gal's.
+Evaluation (drive/learn/sa_study.py defines every metric): S = `n_samples` samples per test row from every method;
+metrics.json "test" is the method's native report (regression_report keys, sample-based), "study" holds the
+method name, the temperature-scaled report, split conformal at 95 % and its width-coverage curve, the costs and,
+for SA, the nu search (default BO; the published routine and a grid for comparison). RUN/sa_study.npz keeps the
+test PIT values (native and temperature-scaled) and the curve for pooled plots.
+Cost (wall-clock, one thread): SA's adaptation is its BO search (study.cost.adaptation_s); a baseline's is its
+training, metrics.json fit.train_seconds (the plain model's training is the backbone every method pays for).
+
+Departures and sizes (CPU budget; measured in the README section of issue 14): d_token 64 and 4 heads instead of
+FT-Transformer's default 192 / 8 (3 blocks kept): 4x cheaper per row on one thread; MultiSWAG with 5 models (paper
+10); the training budget is a number of rows seen (`ROWS_BUDGET` over the fit rows, 5-300 epochs) with early
+stopping (patience 16, FT-Transformer's) on the validation part; validation predictions use 4 samples.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from agents.encoders import EncoderConfig
+from datasets import uci
+from drive.errors import UserError
+from drive.learn import sa_study
+from drive.learn.tasks import TaskData
+
+DATA = "ROOT: the data root holding uci_gal/ (default: $DRIVE_DATA_ROOT or ../shared/data)"
+DATASETS = ("concrete", "energy", "naval", "yacht", "protein", "wine", "kin8nm", "power")
+PROTOCOLS = ("gal",)
+CONTROLLERS = ("ft", "ft-mcd", "ft-swag", "ft-multiswag", "ft-ivon", "ft-cdrop", "ft-hsa")
+METHODS = {"ft": "sa", "ft-mcd": "mcd", "ft-swag": "swag", "ft-multiswag": "multiswag", "ft-ivon": "ivon",
+           "ft-cdrop": "cdrop", "ft-hsa": "hsa"}  # fmt: skip
+# SWAG collects iterates over the second half of the epoch budget: without early stopping, so that it has them
+VARIANTS = {"ft-swag": ("ft-swag", ("trainer.patience=0",)), "ft-multiswag": ("ft-multiswag", ("trainer.patience=0",))}
+# IVON at its package defaults (h0 = 1, beta2 = 0.99999) does not fit in this step budget (module docstring)
+IVON_DEFAULTS = {"hess_init": 1000.0, "beta2": 0.999}
+DEFAULT_SEEDS = {"gal": 5}  # the full protocol: 20 (protein 5)
+REPORT_PLOTS = ("pit", "width_coverage", "nu_search")
+ROWS_BUDGET = 100_000  # training rows seen at most (epochs = this / fit rows, clipped to 5..300)
+PAPER_SOURCES = {"gal": "SA paper, UCI section (text; Table 2 itself is not in the text we have)"}
+PAPER: dict = {
+    "gal": {
+        "naval": {"ft": {"pit_w1": 0.022}, "ft-mcd": {"pit_w1": 0.020}},
+        "wine": {"ft": {"nrmse": 0.91}},
+        "protein": {"ft": {"nrmse": 0.66}},
+    }
+}
+CLAIMS = (
+    ("pit_best", "SA has the best native PIT-W1 on 5 of 8 sets", 5),
+    ("sharpest", "SA has the narrowest 95 % intervals at matched coverage on 7 of 8 sets (the exception Naval)", 7),
+    ("closest_ratio", "on those sets the closest calibrated baseline is 1.2-2.8x wider than SA", (1.2, 2.8)),
+    ("naval_tie", "Naval: SA PIT-W1 0.022 vs MC dropout 0.020 (essentially tied)", (0.022, 0.020)),
+    ("nrmse_high", "the highest nRMSE are Wine 0.91 and Protein 0.66", ("wine", "protein")),
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    dataset: str = "concrete"
+    """UCI set: concrete, energy, naval, yacht, protein, wine, kin8nm, power"""
+    protocol: str = "gal"
+    """gal: Gal's index files (the paper's protocol)"""
+    val_fraction: float = 0.1
+    """share of the training rows (after the fit rows) that early-stops training"""
+    cal_fraction: float = 0.1
+    """share of the training rows (the last ones) for nu, temperature scaling and conformal"""
+    n_samples: int = 32
+    """predictive samples S per test row, every method"""
+    sa_passes: int = 8
+    """stochastic passes M per evaluation of L_SA"""
+    sa_compare: bool = True
+    """also run the published BO routine and a nu grid on the calibration part (recorded, not used)"""
+
+
+def n_runs(dataset: str, protocol: str, root: Path | None = None) -> int:
+    return uci.n_splits(uci.load_uci(dataset, root), protocol)
+
+
+def _tensors(x: np.ndarray, y: np.ndarray) -> torch.utils.data.TensorDataset:
+    return torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y).unsqueeze(1))  # (N, F), (N, 1)
+
+
+def build(opts: Options, data: Path | None, seed: int) -> TaskData:
+    if opts.dataset not in DATASETS or opts.protocol not in PROTOCOLS:
+        raise UserError(f"task 'sa-uci': dataset must be one of {', '.join(DATASETS)} and protocol 'gal', got "
+                        f"{opts.dataset!r} / {opts.protocol!r}")  # fmt: skip
+    if min(opts.val_fraction, opts.cal_fraction) <= 0 or opts.val_fraction + opts.cal_fraction >= 0.5:
+        raise UserError("task 'sa-uci': val_fraction and cal_fraction must be > 0 with a sum below 0.5")
+    if opts.n_samples < 2 or opts.sa_passes < 2:
+        raise UserError("task 'sa-uci': n_samples and sa_passes must be >= 2")
+    try:
+        table = uci.load_uci(opts.dataset, data)
+        count = uci.n_splits(table, opts.protocol)
+    except FileNotFoundError as exc:
+        raise UserError(f"task 'sa-uci': {exc}") from None
+    if not 0 <= seed < count:
+        raise UserError(f"task 'sa-uci': --seed {seed} is outside Gal's splits of {opts.dataset} (0..{count - 1})")
+    part = uci.split(table, opts.protocol, seed, opts.val_fraction + opts.cal_fraction)
+    n_val = round((len(part.train_rows) + len(part.val_rows)) * opts.val_fraction)  # of Gal's training rows
+    val, cal = _tensors(part.x_val[:n_val], part.y_val[:n_val]), _tensors(part.x_val[n_val:], part.y_val[n_val:])
+    if len(cal) < 20:
+        raise UserError(
+            f"task 'sa-uci': {len(cal)} calibration rows; raise task.cal_fraction (conformal 95 % needs 19)"
+        )
+    test = _tensors(part.x_test, part.y_test)
+    cache: dict = {}
+
+    def evaluate(model) -> dict:
+        result = evaluate_study(model, cal, test, opts, seed)
+        cache.update(result.pop("arrays"))
+        return result
+
+    def plots(model, run_dir: Path) -> list[Path]:
+        return sa_study.save_arrays(cache, run_dir)
+
+    epochs = int(min(300, max(5, math.ceil(ROWS_BUDGET / len(part.train_rows)))))
+    return TaskData(
+        name="sa-uci", train=_tensors(part.x_train, part.y_train), val=val, test=test,
+        encoder=EncoderConfig(kind="ft_features", in_dim=part.x_train.shape[1], d_model=64), out_dim=1,
+        target_names=(table.target_name,),
+        fingerprint={"dataset": opts.dataset, "protocol": opts.protocol, "split_index": seed,
+                     "data_path": None if data is None else str(data), "source": str(table.folder),
+                     "n_fit": len(part.train_rows), "n_val": len(val), "n_cal": len(cal), "n_test": len(test)},
+        evaluate=evaluate, plots=plots,
+        standardiser={"x_offset": part.x_scaler.offset.tolist(), "x_scale": part.x_scaler.scale.tolist(),
+                      "y_offset": float(part.y_scaler.offset), "y_scale": float(part.y_scaler.scale)},
+        controller_defaults={"encoder.d_model": 64, "n_heads": 4, "n_models": 5, **IVON_DEFAULTS},
+        train_defaults={"epochs": epochs, "batch_size": 256, "lr": 1e-3, "weight_decay": 1e-5, "patience": 16,
+                        "val_samples": 1},
+    )  # fmt: skip
+
+
+def _standardised(model, ds) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = ds.tensors
+    return x, (y - model.y_loc) / model.y_scale  # (N, F), (N, 1) standardised by the training targets
+
+
+@torch.no_grad()
+def evaluate_study(model, cal, test, opts: Options, seed: int) -> dict:
+    """The run's method on the test split: SA post hoc for the plain `ft`, the method's own samples otherwise."""
+    (x_cal, y_cal), (x_test, y_test) = _standardised(model, cal), _standardised(model, test)
+    plain = type(model).__name__ == "FTTransformer"
+    t0 = time.perf_counter()
+    if plain:
+        p_cal, p_test, search = sa_study.sa_predictive(
+            model,
+            x_cal,
+            y_cal,
+            x_test,
+            n_samples=opts.n_samples,
+            passes=opts.sa_passes,
+            seed=seed,
+            compare=opts.sa_compare,
+        )
+        cost = {"adaptation_s": search["wall_time_s"], "sampling_s": search["sampling_s"]}
+    else:
+        p_cal = sa_study.own_samples(model, x_cal, opts.n_samples, seed + 1)
+        p_test = sa_study.own_samples(model, x_test, opts.n_samples, seed + 2)
+        search, cost = None, {"adaptation_s": None, "sampling_s": time.perf_counter() - t0}
+    result = sa_study.study_result("sa" if plain else _method(model), p_cal, y_cal, p_test, y_test, cost, search)
+    if hasattr(model, "models"):  # SWAG / MultiSWAG: how many iterates the evaluated checkpoint had collected
+        result["study"]["swag_collected"] = [int(m.n_collected) for m in model.models]
+    return result
+
+
+def _method(model) -> str:
+    names = {"FTMCDropout": "mcd", "SWAG": "swag", "MultiSWAG": "multiswag", "IVONRegressor": "ivon",
+             "ContextualDropout": "cdrop", "HSA": "hsa"}  # fmt: skip
+    return names.get(type(model).__name__, type(model).__name__.lower())
