@@ -184,11 +184,9 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
     scheduler = _scheduler(optimizer, cfg, n_batches(train, cfg.batch_size))
     if cfg.resume and (run_dir / "resume.pt").is_file():
         loop = _resume(run_dir, model, optimizer, scheduler, cfg)
-    elif cfg.resume and not (run_dir / "config.json").is_file():
-        raise UserError(f"{run_dir}: nothing to resume (no run was started in this directory)")
     else:  # a new run, or one killed before its first epoch finished: that one starts again from nothing
         if cfg.resume:
-            log.info("%s: no epoch had finished; starting the run again", run_dir)
+            log.warning("%s: no finished epoch to resume from; starting the run from the beginning", run_dir)
         loop = _start(run_dir, model, train, cfg, info)
     writer = _writer(run_dir, cfg, loop.start) if distributed.is_main() else None
     try:

@@ -152,8 +152,9 @@ def test_trainer_writes_run_directory_and_standardises_targets(tmp_path):
     assert json.loads((run / "config.json").read_text())["controller"] == "mcd"
     with pytest.raises(UserError, match="--resume"):
         _fit(run, epochs=3)
-    with pytest.raises(UserError, match="nothing to resume"):
-        _fit(tmp_path / "empty", resume=True)
+    # --resume where no epoch ever finished (killed early): the run starts from the beginning, as if new
+    _, fresh = _fit(tmp_path / "empty", resume=True)
+    assert fresh.epochs_run == 4 and (tmp_path / "empty" / "resume.pt").is_file()
 
 
 def test_resume_after_an_interruption_continues_exactly(tmp_path, monkeypatch):

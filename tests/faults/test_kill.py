@@ -1,0 +1,103 @@
+"""SIGKILL at seeded random moments, then the same command again: nothing lost, nothing duplicated, and the result
+equals an uninterrupted run. (Collection, training; DAgger and `drive bench offline` have their own tests.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from datasets.demonstrations import Demonstrations
+from tests.conftest import REPO
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def _run(args, cwd, kill_after: float | None = None) -> int | None:
+    """Run `python -m drive ARGS`; with kill_after, SIGKILL it then (None if it finished first)."""
+    proc = subprocess.Popen([sys.executable, "-m", "drive", *args], cwd=cwd, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    if kill_after is None:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err.decode()
+        return proc.returncode
+    try:
+        proc.wait(timeout=kill_after)
+        return None  # finished before the kill point
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the command and its workers
+        proc.wait()
+        return -9
+
+
+COLLECT = ["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0-11", "--max-episode-steps", "300",
+           "--action-noise", "0.1", "--min-return", "-1000", "--workers", "2", "--no-progress", "--out"]  # fmt: skip
+
+
+def test_collection_killed_at_random_moments(tmp_path, tally):
+    reference = tmp_path / "reference"
+    _run([*COLLECT, str(reference)], tmp_path)
+    expected = {e["seed"]: e["sha256"] for e in Demonstrations(reference).episodes}
+    rng = random.Random(7)
+    for point in range(3):
+        out = tmp_path / f"killed{point}"
+        killed = 0
+        for _ in range(3):  # several kills into the same directory before it is allowed to finish
+            if _run([*COLLECT, str(out)], tmp_path, kill_after=rng.uniform(2.5, 6.0)) == -9:
+                killed += 1
+                tally["kill_points"] += 1
+        _run([*COLLECT, str(out)], tmp_path)
+        got = [(e["seed"], e["sha256"]) for e in Demonstrations(out, verify=True).episodes]
+        seeds = [s for s, _ in got]
+        tally["duplicated_episodes"] += len(seeds) - len(set(seeds))
+        tally["lost_episodes"] += len(set(expected) - set(seeds))
+        assert dict(got) == expected, f"kill point {point}: the dataset differs from the uninterrupted one"
+        assert not list(out.rglob("*.tmp*")), "a temp file survived the rerun"
+
+
+TRAIN = ["train", "--controller", "gmle", "--task", "spiral", "--epochs", "4", "--no-progress", "--threads", "1",
+         "--set", "task.n_obs=20", "encoder.d_model=8", "n_heads=2", "trainer.tensorboard=false", "--out"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_training_killed_at_random_moments_resumes_exactly(tmp_path, tally):
+    reference = tmp_path / "reference"
+    _run([*TRAIN, str(reference)], tmp_path)
+    expected = json.loads((reference / "metrics.json").read_text())
+    rng = random.Random(11)
+    for point in range(3):
+        out = tmp_path / f"killed{point}"
+        start = time.monotonic()
+        if _run([*TRAIN, str(out)], tmp_path, kill_after=rng.uniform(4.0, 14.0)) == -9:
+            tally["kill_points"] += 1
+        if not (out / "metrics.json").is_file():
+            _run([*TRAIN, str(out), "--resume"], tmp_path)
+        got = json.loads((out / "metrics.json").read_text())
+        assert got["fit"]["best_val_nll"] == expected["fit"]["best_val_nll"], f"kill point {point}"
+        assert got["all"]["mse"] == expected["all"]["mse"]
+        rows = [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert rows == [1, 2, 3, 4], rows  # no epoch lost or logged twice
+        assert time.monotonic() - start < 600
+
+
+def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "drive", *TRAIN, str(out)], cwd=tmp_path, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (out / "config.json").is_file() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the interrupt")
+    lines = [line for line in err.decode().splitlines() if line.strip() and not line.startswith(("INFO", "epoch"))]
+    assert proc.returncode == 130 and lines == ["drive train: interrupted"], err.decode()
+    _run([*TRAIN, str(out), "--resume"], tmp_path)  # resumable, whatever the moment of the interrupt
+    assert (out / "metrics.json").is_file()
