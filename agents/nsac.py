@@ -96,7 +96,9 @@ class NSACConfig:
     var_eps: float = 1e-3
     """added to every pass's variance inside the NLL (authors' 1e-3)"""
     ood_scale: float = 1.0
-    """std of the per-head Gaussian perturbation (OOD surrogate) in units of each head's input feature std"""
+    """std of the Gaussian perturbation (OOD surrogate) in units of the perturbed features' std"""
+    ood_at: Literal["heads", "input"] = "heads"
+    """where the OOD surrogate is built: per head on the attention input, or on the model input (authors' code)"""
 
     def __post_init__(self):
         d, h = self.encoder.d_model, self.n_heads
@@ -113,6 +115,8 @@ class NSACConfig:
             )
         if min(self.noise_scale, self.ood_scale, self.reg_weight, self.var_eps) < 0 or self.reg_eps <= 0:
             raise ValueError("NSACConfig.noise_scale, ood_scale, reg_weight, var_eps must be >= 0 and reg_eps > 0")
+        if self.ood_at not in ("heads", "input"):
+            raise ValueError(f"NSACConfig.ood_at={self.ood_at!r}: choose heads or input")
         if self.reg_form not in ("anchored", "paper"):
             raise ValueError(f"NSACConfig.reg_form={self.reg_form!r}: choose anchored or paper")
         if self.time_feature >= 0:
@@ -202,7 +206,13 @@ class NSAC(Controller):
         if cfg.reg_weight == 0:
             self.last_loss = {"nll": nll.item()}
             return nll
-        mu_ood, _ = self._attend(x, tokens, self.ood_tokens(normed), n, None)
+        if cfg.ood_at == "input":
+            xf = x.float()
+            x_ood = xf + cfg.ood_scale * xf.std() * torch.randn_like(xf)
+            tokens_ood, normed_ood = self._encode(x_ood)
+            mu_ood, _ = self._attend(x_ood, tokens_ood, normed_ood, n, None)
+        else:
+            mu_ood, _ = self._attend(x, tokens, self.ood_tokens(normed), n, None)
         epi_id, epi_ood = mu.var(0, unbiased=False).mean(), mu_ood.var(0, unbiased=False).mean()
         floor = cfg.reg_eps if cfg.reg_form == "anchored" else 0.0
         reg = torch.log1p((epi_id + floor) / (epi_ood + cfg.reg_eps))

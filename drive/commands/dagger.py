@@ -25,5 +25,6 @@ def run(cfg: Config) -> int:
     returns = [r["return"] for r in new]
     total = len(read_manifest(cfg.out)["episodes"])
     print(f"{len(new)} DAgger episode(s) ({sum(r['steps'] for r in new)} frames, mean return under the mixture "
-          f"{np.mean(returns):.1f}) + the {total - len(new)} episodes of {cfg.data} -> {cfg.out}")  # fmt: skip
+          f"{np.mean(returns):.1f}, {sum(r['labels'] for r in new)} expert labels)"
+          f" + the {total - len(new)} episodes of {cfg.data} -> {cfg.out}")  # fmt: skip
     return 0

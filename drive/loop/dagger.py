@@ -12,6 +12,12 @@ The states where it fails are not in the data, so no amount of training on the d
    directory that also holds the original episodes (hard links, or copies across file systems), so `drive train
    --data OUT` trains on the aggregate.
 
+Uncertainty-gated DAgger (`query_quantile`): the same mixture drives, but the expert is queried only on states
+where the clone's steering epistemic variance exceeds a threshold (that quantile of it on the clone's nominal laps,
+--calibrate-seeds); the other steps are recorded with a NaN label, which training skips (their frames still serve
+the stacks of labelled neighbours). Every episode record counts its `labels`, so a curve of closed-loop return
+against expert labels compares gated with plain rounds.
+
 Episodes are never flagged by return here (a clone's low return is the point; the labels are the expert's); the
 manifest's episode records carry `dagger: true` and the settings name the source dataset, clone, expert and beta.
 """
@@ -32,11 +38,13 @@ from datasets.demonstrations import EPISODE_DIR, read_manifest, write_episode, w
 from datasets.frames import LEGACY_CODING
 from drive.errors import UserError
 from drive.loop.envs import make_env
+from drive.loop.fallback import FallbackConfig
 from drive.loop.policies import ControllerPolicy
 from drive.loop.pool import Ticker, run_tasks
 from drive.loop.rollout import PolicyOutput, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import controller_policy
+from drive.loop.thresholds import resolve_threshold
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +75,24 @@ class DaggerOptions:
     """simulator: carracing, or fake-road (tests; its expert is 'pursuit')"""
     progress: bool = True
     """show a progress bar"""
+    query_quantile: float | None = None
+    """uncertainty-gated DAgger: query the expert only where the clone's steering epistemic variance exceeds this
+    quantile of it on nominal laps (None: plain DAgger, every state labelled)"""
+    query_threshold: float | None = None
+    """gated DAgger: the epistemic-variance threshold itself (default: calibrated from query_quantile)"""
+    calibrate_seeds: str = "2000-2004"
+    """gated DAgger: the clone's nominal laps for the threshold"""
 
 
 class MixedPolicy:
     """Executes the clone's action, or with probability beta the expert's; always labels with the expert's."""
 
-    def __init__(self, clone: ControllerPolicy, beta: float, seed: int = 0):
+    def __init__(self, clone: ControllerPolicy, beta: float, seed: int = 0, query_threshold: float | None = None):
         if clone.shadow is None:
             raise ValueError("DAgger needs the clone's shadow expert: it labels every state")
         if not 0.0 <= beta <= 1.0:
             raise UserError(f"beta must lie in [0, 1], got {beta}")
-        self.clone, self.beta, self.seed = clone, beta, seed
+        self.clone, self.beta, self.seed, self.query_threshold = clone, beta, seed, query_threshold
         self._rng = np.random.default_rng(seed)
 
     def reset(self, seed: int | None = None) -> None:
@@ -89,7 +104,12 @@ class MixedPolicy:
         assert out.expert is not None
         expert = np.asarray(out.expert, np.float32)
         use_expert = self._rng.random() < self.beta
-        return PolicyOutput(expert if use_expert else out.action, expert, "expert" if use_expert else "policy",
+        label = expert
+        if self.query_threshold is not None:
+            assert out.prediction is not None
+            if not float(out.prediction.epistemic_var[0]) > self.query_threshold:
+                label = np.full_like(expert, np.nan)  # not queried: no expert label for this state
+        return PolicyOutput(expert if use_expert else out.action, label, "expert" if use_expert else "policy",
                             out.prediction, out.internals, out.expert, out.latency_ms, out.gate, out.frame)  # fmt: skip
 
 
@@ -104,13 +124,15 @@ def dagger_episode(root: str, settings: dict[str, Any], seed: int, tick: Callabl
         clone = controller_policy(settings["ckpt"], settings["samples"], settings["seed"], settings["expert"],
                                   env=settings["env"])  # fmt: skip
         env = make_env(settings["env"], max_episode_steps=settings["max_episode_steps"])
-        _CACHE[key] = (env, MixedPolicy(clone, settings["beta"], settings["seed"]))
+        _CACHE[key] = (env, MixedPolicy(clone, settings["beta"], settings["seed"], settings.get("query_threshold")))
     env, policy = _CACHE[key]
     assert recorder is not None, "dagger_episode needs the recorder factory"
     episode = recorder(settings)
     [result] = rollout(env, policy, seeds=[seed], on_step=[episode, Ticker(tick)])
     record = result.to_dict()
-    record.update(write_episode(root, seed, episode.arrays()), flagged=False, dagger=True)
+    arrays = episode.arrays()
+    record.update(write_episode(root, seed, arrays), flagged=False, dagger=True,
+                  labels=int(np.isfinite(arrays["label"]).all(1).sum()))  # fmt: skip
     return record
 
 
@@ -132,19 +154,28 @@ def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) ->
     if root.exists():
         raise UserError(f"{root} exists: DAgger writes a new dataset directory")
     controller_policy(opts.ckpt, opts.samples, opts.seed, opts.expert, env=opts.env)  # a bad clone fails first
+    threshold = opts.query_threshold
+    if opts.query_quantile is not None and threshold is None:
+        cfg = FallbackConfig(signal="steer", quantile=opts.query_quantile)
+        env_kwargs = {"name": opts.env, "max_episode_steps": opts.max_episode_steps}
+        threshold, origin = resolve_threshold(opts.ckpt, cfg, None, parse_seeds(opts.calibrate_seeds), opts.samples,
+                                              opts.seed, env_kwargs)  # fmt: skip
+        log.info("gated DAgger: query threshold %.4g (%s)", threshold, origin)
     (root / EPISODE_DIR).mkdir(parents=True)
     episodes = []
     for ep in source["episodes"]:
         _link(Path(opts.data) / ep["file"], root / ep["file"])
         episodes.append(ep)
     settings = {**source["settings"], "dagger": {"source": str(Path(opts.data).resolve()), "ckpt": str(opts.ckpt),
-                                                 "expert": opts.expert, "beta": opts.beta, "seeds": seeds}}  # fmt: skip
+                                                 "expert": opts.expert, "beta": opts.beta, "seeds": seeds,
+                                                 "query_quantile": opts.query_quantile,
+                                                 "query_threshold": threshold}}  # fmt: skip
     write_manifest(root, settings, episodes)
     job = {"ckpt": str(opts.ckpt), "samples": opts.samples, "seed": opts.seed, "expert": opts.expert,
            "beta": opts.beta, "max_episode_steps": opts.max_episode_steps, "env": opts.env,
            "frame_stack": int(source["settings"].get("frame_stack", 4)),
            "frame_coding": str(source["settings"].get("frame_coding", LEGACY_CODING)),
-           "keep_raw": bool(source["settings"].get("keep_raw", False))}  # fmt: skip
+           "keep_raw": bool(source["settings"].get("keep_raw", False)), "query_threshold": threshold}  # fmt: skip
     new: list[dict[str, Any]] = []
 
     def finished(record: dict[str, Any]) -> None:

@@ -22,14 +22,19 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from datasets.perturb import parse_perturbation
 from drive.errors import UserError
 from drive.loop.envs import make_env
-from drive.loop.pool import Ticker, run_tasks
+from drive.loop.failures import FailureMonitor, failure_report, nominal_thresholds, split_traces
+from drive.loop.fallback import FallbackConfig
+from drive.loop.perturb import perturbed_env
 from drive.loop.policies import aggregate
+from drive.loop.pool import Ticker, run_tasks
 from drive.loop.rollout import Observer, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import default_shadow, make_policy, parse_policy_spec
 from drive.loop.thresholds import fallback_for_command
+from sim_bridges.carracing import IDX
 
 ObserverFactory = Callable[[gym.Env, str], Observer]
 
@@ -56,13 +61,19 @@ class EvalOptions:
     shadow: str | None = None
     """ckpt: shadow expert on the controller's states (default: the expert that labelled its data; none: off)"""
     fallback: str = "off"
-    """ckpt: uncertainty-gated fallback (off, expert, slow); when on, every seed also runs without it"""
+    """ckpt: uncertainty-gated fallback (off, expert, slow; MODE:KEY=VALUE,... sets gate fields, e.g.
+    expert:blend_steps=0); when on, every seed also runs without it"""
     fallback_threshold: float | None = None
     """ckpt: epistemic-variance threshold (default: stored in the checkpoint, else calibrated on --calibrate-seeds)"""
     calibrate_seeds: str = "2000-2004"
     """ckpt: nominal laps to calibrate the fallback threshold on, when none is given or stored"""
     seed: int = 0
     """ckpt: seed of the controller's sampling"""
+    perturb: str = ""
+    """ckpt: perturb the controller's camera, KIND:LEVEL (datasets/perturb.py: noise, blur, occlusion, brightness,
+    domain_randomize); the shadow expert still acts on the privileged state"""
+    failure_horizon: int = 25
+    """ckpt on carracing: failure prediction, AUROC of an event within this many steps (0: off; loop/failures.py)"""
 
 
 _CACHE: dict[tuple, tuple] = {}  # per process: (spec, settings) -> (policy, env, observers), built once per worker
@@ -76,11 +87,14 @@ def evaluate_episode(spec: str, settings: Mapping[str, Any], seed: int, tick: Ca
         policy = make_policy(spec, settings["env"], **dict(settings.get("policy_options", ())))
         env = make_env(settings["env"], pixels=bool(getattr(policy, "needs_pixels", True)),
                        max_episode_steps=settings["max_episode_steps"])  # fmt: skip
-        _CACHE[key] = (policy, env, [observers(env, spec)] if observers is not None else [])
-    policy, env, built = _CACHE[key]
+        env = perturbed_env(env, parse_perturbation(settings["perturb"]) if settings.get("perturb") else None)
+        monitor = [FailureMonitor(IDX["heading_error"])] if settings.get("failures") else []
+        _CACHE[key] = (policy, env, [observers(env, spec)] if observers is not None else [], monitor)
+    policy, env, built, monitor = _CACHE[key]
     start = time.perf_counter()
-    [result] = rollout(env, policy, seeds=[seed], on_step=[Ticker(tick), *built])
-    return {**result.to_dict(), "wall_s": time.perf_counter() - start}
+    [result] = rollout(env, policy, seeds=[seed], on_step=[Ticker(tick), *built, *monitor])
+    traces = monitor[0].episode() if monitor else {}
+    return {**result.to_dict(), **traces, "wall_s": time.perf_counter() - start}
 
 
 def summarise_returns(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -128,6 +142,13 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     if opts.workers < 1:
         raise UserError(f"--workers must be >= 1, got {opts.workers}")
     kind, arg = parse_policy_spec(opts.policy)  # a bad spec fails here, not in every worker
+    if opts.perturb:
+        if kind != "ckpt" or opts.env != "carracing":
+            raise UserError("--perturb applies to a trained controller (ckpt:PATH) on carracing")
+        try:
+            parse_perturbation(opts.perturb)
+        except ValueError as exc:
+            raise UserError(f"--perturb: {exc}") from None
     base = {"env": opts.env, "max_episode_steps": opts.max_episode_steps}
     out: dict[str, Any] = {"policy": opts.policy, "env": opts.env, "seeds": seeds, **base}
     start = time.perf_counter()
@@ -135,11 +156,15 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
         records = _episodes(opts, seeds, base, "eval", observers)
         return {**out, **summarise_returns(records), "wall_s": time.perf_counter() - start, "episodes": records}
     header, variants = _controller_variants(opts, arg)
-    out.update(header)
+    out.update(header, perturb=opts.perturb or None)
+    failures = opts.failure_horizon > 0 and opts.env == "carracing"
     runs = {}
     for name, options in variants:
-        settings = {**base, "policy_options": tuple(sorted(options.items()))}
+        settings = {**base, "policy_options": tuple(sorted(options.items())), "perturb": opts.perturb,
+                    "failures": failures}  # fmt: skip
         runs[name] = _episodes(opts, seeds, settings, name or "eval", observers if not name else None)
+    if failures:
+        out.update(_failure_prediction(opts, variants[-1][1], base, runs))
     records = runs[""]
     out.update(summarise_returns(records))
     out.update(aggregate(records))
@@ -152,6 +177,20 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
         out["episodes_no_fallback"] = plain
     out["wall_s"] = time.perf_counter() - start
     out["episodes"] = records
+    return out
+
+
+def _failure_prediction(opts: EvalOptions, plain_options: Mapping[str, Any], base: Mapping[str, Any],
+                        runs: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
+    """Thresholds from nominal laps (clean camera, no fallback) on --calibrate-seeds, then each run's report; the
+    per-step traces leave the records (their events stay)."""
+    settings = {**base, "policy_options": tuple(sorted(plain_options.items())), "failures": True}
+    nominal = split_traces(_episodes(opts, parse_seeds(opts.calibrate_seeds), settings, "nominal", None))
+    thresholds = nominal_thresholds(np.concatenate([ep["signals"] for ep in nominal]), FallbackConfig().quantile)
+    out = {}
+    for name, records in runs.items():
+        report = failure_report(split_traces(records), thresholds, opts.failure_horizon)
+        out["failure_prediction" + (f"_{name}" if name else "")] = {**report, "calibrate_seeds": opts.calibrate_seeds}
     return out
 
 
@@ -168,5 +207,12 @@ def describe(results: Mapping[str, Any]) -> str:
         fb = r["fallback"]
         lines.append(f"fallback {fb['mode']} (threshold {fb['threshold']:.3g}, {fb['threshold_origin']}): "
                      f"{r.get('n_interventions', 0)} interventions, {r.get('fallback_fraction', 0):.1%} of steps; "
-                     f"mean_return {r['mean_return']:.1f} with, {r['mean_return_no_fallback']:.1f} without")  # fmt: skip
+                     f"mean_return {r['mean_return']:.1f} with, "
+                     f"{r['mean_return_no_fallback']:.1f} without")  # fmt: skip
+    for key in sorted(k for k in r if k.startswith("failure_prediction")):
+        fp = r[key]
+        lines.append(f"{key} ({fp['events']}, H={fp['horizon']} steps): " + ", ".join(
+            f"{name} AUROC {'-' if row['auroc'] is None else format(row['auroc'], '.3f')} lead "
+            f"{'-' if row.get('median_lead_steps') is None else format(row['median_lead_steps'], '.0f')}"
+            for name, row in fp["signals"].items()))  # fmt: skip
     return "\n".join(lines)

@@ -21,6 +21,7 @@ drive/loop/thresholds.py; this module is the gate alone and imports nothing of t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -54,6 +55,9 @@ class FallbackConfig:
     """slow mode: gas is capped at this value"""
     slow_brake: float = 0.1
     """slow mode: brake applied while engaged"""
+    blend_steps: int = 0
+    """0: switch; N > 0: blend, the executed action moves from the controller's to the fallback's over N steps
+    after engaging and back over N steps after releasing (no step change of the controls mid-manoeuvre)"""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -66,6 +70,28 @@ class FallbackConfig:
             raise UserError(f"fallback release_ratio {self.release_ratio} must lie in (0, 1]")
         if min(self.engage_steps, self.release_steps, self.min_hold_steps) < 1:
             raise UserError("fallback engage_steps, release_steps and min_hold_steps must be >= 1")
+        if self.blend_steps < 0:
+            raise UserError(f"fallback blend_steps {self.blend_steps} must be >= 0")
+
+
+def parse_fallback(text: str) -> FallbackConfig | None:
+    """'off' -> None; 'expert' / 'slow' -> that mode with the designed defaults; 'expert:blend_steps=0,
+    min_hold_steps=30' -> with those fields overridden (any FallbackConfig field, cast to its type)."""
+    mode, _, rest = str(text).partition(":")
+    if mode == "off":
+        return None
+    fields = {f.name: f for f in dataclasses.fields(FallbackConfig)}
+    overrides: dict[str, object] = {}
+    for item in (part for part in rest.split(",") if part.strip()):
+        key, sep, value = item.strip().partition("=")
+        if not sep or key not in fields or key == "mode":
+            raise UserError(f"fallback {text!r}: expected MODE[:KEY=VALUE,...] with KEY among {sorted(fields)[:-1]}")
+        kind = type(getattr(FallbackConfig(), key))
+        try:
+            overrides[key] = kind(value)
+        except ValueError:
+            raise UserError(f"fallback {text!r}: {key}={value!r} is not a {kind.__name__}") from None
+    return FallbackConfig(mode=mode, **overrides)  # type: ignore[arg-type]
 
 
 def score(epistemic_var: np.ndarray, signal: str = "steer") -> float:
@@ -116,6 +142,7 @@ class FallbackGate:
         self._held = 0
         self.interventions: list[Intervention] = []
         self.n_engaged_steps = 0
+        self.weight = 0.0  # the fallback's share of the executed action (blend), 0 or 1 when switching
 
     def score(self, epistemic_var: np.ndarray) -> float:
         """This gate's score of one step's epistemic variance per action."""
@@ -143,20 +170,25 @@ class FallbackGate:
                 log.info("fallback released at step %d after %d steps", self.t, current.n_steps)
         self.n_engaged_steps += int(self.engaged)
         self.t += 1
+        step = 1.0 / self.cfg.blend_steps if self.cfg.blend_steps else 1.0
+        self.weight = min(1.0, self.weight + step) if self.engaged else max(0.0, self.weight - step)
         return self.engaged
 
     def apply(self, action: np.ndarray, expert_action: np.ndarray | None) -> np.ndarray:
-        """The executed action: the controller's unless engaged, then the expert's or a slowed-down one."""
-        if not self.engaged:
+        """The executed action: the controller's while the fallback's weight is 0, else blended towards (or switched
+        to) the expert's or a slowed-down one."""
+        if self.weight <= 0.0:
             return action
         if self.cfg.mode == "expert":
             if expert_action is None:
                 raise ValueError("fallback mode 'expert' needs the shadow expert's action")
-            return np.asarray(expert_action, dtype=np.float32).copy()
-        slowed = np.asarray(action, dtype=np.float32).copy()
-        slowed[1] = min(slowed[1], self.cfg.slow_gas)
-        slowed[2] = max(slowed[2], self.cfg.slow_brake)
-        return slowed
+            target = np.asarray(expert_action, dtype=np.float32)
+        else:
+            target = np.asarray(action, dtype=np.float32).copy()
+            target[1] = min(target[1], self.cfg.slow_gas)
+            target[2] = max(target[2], self.cfg.slow_brake)
+        w = np.float32(self.weight)
+        return ((1 - w) * np.asarray(action, dtype=np.float32) + w * target).astype(np.float32)
 
     def close(self) -> None:
         """End of episode: close an intervention still open."""

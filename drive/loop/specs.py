@@ -21,7 +21,7 @@ from datasets.frames import ObservationCoder
 from datasets.root import REPO
 from drive import checkpoint
 from drive.errors import UserError
-from drive.loop.fallback import FallbackConfig, FallbackGate
+from drive.loop.fallback import FallbackConfig, FallbackGate, parse_fallback
 from drive.loop.policies import ControllerPolicy, ExpertPolicy
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def ckpt_policy(
     seed: int = 0,
 ) -> ControllerPolicy:
     """The `ckpt:PATH` builder of `drive eval` (runs in eval workers, so options are primitives)."""
-    gate_cfg = None if fallback == "off" else FallbackConfig(mode=fallback)
+    gate_cfg = parse_fallback(fallback)
     shadow = default_shadow(shadow, env, path)
     return controller_policy(path, samples, seed, shadow, gate_cfg, fallback_threshold, env)
 

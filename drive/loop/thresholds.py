@@ -18,7 +18,7 @@ import numpy as np
 from drive import checkpoint
 from drive.errors import UserError
 from drive.loop.envs import make_env
-from drive.loop.fallback import FallbackConfig, calibrate_threshold, score
+from drive.loop.fallback import FallbackConfig, calibrate_threshold, parse_fallback, score
 from drive.loop.policies import ControllerPolicy
 from drive.loop.rollout import StepRecord, rollout
 from drive.loop.seeds import parse_seeds
@@ -77,9 +77,9 @@ def resolve_threshold(
 def fallback_for_command(cfg: Any, path: str | Path) -> tuple[FallbackConfig | None, float | None, str]:
     """The fallback of `drive eval` / `drive drive` from their shared options (fallback, fallback_threshold,
     calibrate_seeds, samples, seed, env, max_episode_steps): (config, threshold, origin), or (None, None, "off")."""
-    if cfg.fallback == "off":
+    fb = parse_fallback(cfg.fallback)
+    if fb is None:
         return None, None, "off"
-    fb = FallbackConfig(mode=cfg.fallback)
     threshold, origin = resolve_threshold(
         path, fb, cfg.fallback_threshold, parse_seeds(cfg.calibrate_seeds), cfg.samples, cfg.seed,
         {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},

@@ -124,6 +124,7 @@ def gather(data: Demonstrations, seeds: list[int], stride: int, coding: str, inp
     for seed in seeds:
         ep = data.load(seed)
         steps = np.arange(0, len(ep), stride)
+        steps = steps[np.isfinite(ep.label[steps]).all(1)]  # gated DAgger leaves unqueried states unlabelled (NaN)
         frames.append(episode_frames(ep, data.frame_coding, coding, data.root))
         starts.append(offset + steps)
         labels.append(ep.label[steps])
