@@ -3,8 +3,9 @@
 `draw_overlay(frame, state)` upscales the frame and adds a side panel:
 - steering: the predicted mean with its +-2 sigma band (sigma from the total predictive variance, aleatoric +
   epistemic) on a [-1, 1] axis, and the shadow expert's steering as a green marker;
-- aleatoric and epistemic standard deviation bars for steer, gas and brake (with the fallback threshold as a tick
-  on the gated action's epistemic bar);
+- aleatoric and epistemic variance bars for steer, gas and brake on a log axis (1e-8 .. 1: epistemic variances
+  of 1e-6 are as readable as aleatoric ones of 1e-2), the fallback threshold a red tick on the gated action's
+  epistemic bar, the score's ratio to the threshold printed beside it, and a legend;
 - kappa, phi, psi gauges (NSAC's mean-reversion rate, long-term mean and noise, summarised over heads and key
   pairs; absent for controllers without them);
 - the fallback state (controller in charge, or expert / slow-down engaged) and step, speed, gas, brake.
@@ -26,8 +27,8 @@ from sim_bridges.carracing import ACTION_NAMES as ACTIONS
 
 PANEL_WIDTH = 300
 FRAME_SIZE = 420
-# bar full scale for a standard deviation: steering/gas/brake live in [-1, 1] / [0, 1], so 0.5 is already huge
-STD_FULL_SCALE = 0.5
+# variance bars: log10 axis from 1e-8 (below: empty bar) to 1 (steering/gas/brake live in [-1, 1] / [0, 1])
+LOG_VAR_RANGE = (-8.0, 0.0)
 
 WHITE = (255, 255, 255)
 GREY = (140, 140, 140)
@@ -146,27 +147,54 @@ def _steering(panel: np.ndarray, s: OverlayState, y: int) -> int:
     if s.expert is not None:
         label += f"   expert {s.expert[0]:+.2f}"
     _text(panel, label, (x0 + 40, y + 30), WHITE, 0.38)
-    return y + 48
+    y += 44  # legend
+    cv2.line(panel, (x0, y - 4), (x0, y + 4), WHITE, 2)
+    _text(panel, "mean", (x0 + 5, y + 3), GREY, 0.33)
+    cv2.rectangle(panel, (x0 + 45, y - 4), (x0 + 55, y + 4), BLUE, -1)
+    _text(panel, "+-2 sigma (total)", (x0 + 58, y + 3), GREY, 0.33)
+    cv2.fillPoly(panel, [np.array([[x0 + 170, y - 4], [x0 + 165, y + 4], [x0 + 175, y + 4]], np.int32)], GREEN)
+    _text(panel, "shadow expert", (x0 + 179, y + 3), GREY, 0.33)
+    return y + 22
+
+
+def _log_x(var: float, x0: int, x1: int) -> int:
+    lo, hi = LOG_VAR_RANGE
+    return _to_x(np.log10(max(var, 10.0**lo)), x0, x1, lo, hi)
 
 
 def _std_bars(panel: np.ndarray, s: OverlayState, y: int) -> int:
     x0, x1 = 70, PANEL_WIDTH - 20
-    _text(panel, "std   aleatoric / epistemic", (20, y))
-    y += 16
+    _text(panel, "variance (log10)", (20, y))
+    cv2.rectangle(panel, (150, y - 7), (157, y), ORANGE, -1)
+    _text(panel, "aleatoric", (160, y), GREY, 0.33)
+    cv2.rectangle(panel, (215, y - 7), (222, y), PURPLE, -1)
+    _text(panel, "epistemic", (225, y), GREY, 0.33)
+    y += 14
+    lo, hi = LOG_VAR_RANGE
+    for decade in range(int(lo), int(hi) + 1, 2):  # the axis: a tick and label every other decade
+        xd = _to_x(decade, x0, x1, lo, hi)
+        cv2.line(panel, (xd, y - 2), (xd, y + 2), GREY, 1)
+        _text(panel, f"{decade}", (xd - 6, y + 12), GREY, 0.3)
+    y += 18
     for i, name in enumerate(ACTIONS):
         _text(panel, name, (20, y + 12), GREY, 0.4)
         for j, (var, color) in enumerate(((s.aleatoric_var[i], ORANGE), (s.epistemic_var[i], PURPLE))):
             yy = y + j * 10
-            std = float(np.sqrt(max(var, 0.0)))
             cv2.rectangle(panel, (x0, yy), (x1, yy + 7), DARK, -1)
-            cv2.rectangle(panel, (x0, yy), (_to_x(std, x0, x1, 0, STD_FULL_SCALE), yy + 7), color, -1)
+            cv2.rectangle(panel, (x0, yy), (_log_x(float(var), x0, x1), yy + 7), color, -1)
             is_gated = s.fallback_signal in (name, "sum") and j == 1
             if is_gated and s.fallback_threshold is not None:
-                xt = _to_x(np.sqrt(s.fallback_threshold), x0, x1, 0, STD_FULL_SCALE)
-                cv2.line(panel, (xt, yy - 2), (xt, yy + 9), RED, 2)
-        _text(panel, f"{np.sqrt(max(s.aleatoric_var[i], 0)):.3f}/{np.sqrt(max(s.epistemic_var[i], 0)):.3f}",
-              (x1 - 95, y + 32), GREY, 0.33)  # fmt: skip
+                xt = _log_x(s.fallback_threshold, x0, x1)
+                cv2.line(panel, (xt, yy - 3), (xt, yy + 10), RED, 2)
+        label = f"{s.aleatoric_var[i]:.1e} / {s.epistemic_var[i]:.1e}"
+        if s.fallback_signal == name and s.fallback_threshold and s.fallback_score is not None:
+            label += f"  ({s.fallback_score / s.fallback_threshold:.2f}x thr)"
+        _text(panel, label, (x0, y + 30), GREY, 0.33)
         y += 38
+    if s.fallback_threshold is not None:
+        cv2.line(panel, (20, y), (28, y), RED, 2)
+        _text(panel, f"fallback threshold {s.fallback_threshold:.1e} ({s.fallback_signal})", (34, y + 4), GREY, 0.33)
+        y += 12
     return y + 4
 
 
@@ -175,12 +203,14 @@ def _gauges(panel: np.ndarray, s: OverlayState, y: int) -> int:
         _text(panel, "no kappa/phi/psi (not NSAC)", (20, y), GREY, 0.4)
         return y + 20
     _text(panel, "NSAC gates (mean over heads)", (20, y))
+    _text(panel, "arc: v/(1+v), phi: (phi+1)/2", (20, y + 13), GREY, 0.3)
+    y += 8
     y += 10
     centres = (60, PANEL_WIDTH // 2, PANEL_WIDTH - 60)
     # kappa, psi > 0: the arc shows v / (1 + v); phi in (-1, 1): (phi + 1) / 2
     specs = (("kappa", s.kappa, None), ("phi", s.phi, (-1.0, 1.0)), ("psi", s.psi, None))
     for cx, (name, value, bounds) in zip(centres, specs, strict=True):
-        cy, r = y + 40, 30
+        cy, r = y + 36, 28
         cv2.ellipse(panel, (cx, cy), (r, r), 0, 180, 360, DARK, 6)
         if value is not None:
             frac = (value - bounds[0]) / (bounds[1] - bounds[0]) if bounds else value / (1.0 + value)
@@ -188,7 +218,7 @@ def _gauges(panel: np.ndarray, s: OverlayState, y: int) -> int:
             cv2.ellipse(panel, (cx, cy), (r, r), 0, 180, 180 + 180 * frac, GREEN, 6)
             _text(panel, f"{value:.3g}", (cx - 18, cy + 4), WHITE, 0.38)
         _text(panel, name, (cx - 14, cy + 22), GREY, 0.4)
-    return y + 74
+    return y + 62
 
 
 def _fallback(panel: np.ndarray, s: OverlayState, y: int) -> int:

@@ -47,12 +47,25 @@ def _track_maps(path: Path, cols: dict[str, np.ndarray], meta: dict[str, Any], p
     plt = _pyplot()
     track = None if meta.get("track") is None else np.asarray(meta["track"])
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    from matplotlib.colors import LogNorm
+
     for ax, (key, title) in zip(axes[0], panels, strict=True):
         if track is not None:
             loop = np.vstack([track, track[:1]])
-            ax.plot(loop[:, 0], loop[:, 1], color="0.8", lw=6, zorder=0)
-        sc = ax.scatter(cols["x"], cols["y"], c=cols[key], s=6, cmap="viridis", zorder=1)
-        fig.colorbar(sc, ax=ax, shrink=0.75)
+            ax.plot(loop[:, 0], loop[:, 1], color="0.8", lw=6, zorder=0, label="track")
+        values, norm, unit = cols[key], None, key
+        if "var" in key:  # variances span decades (epistemic ~1e-6 beside aleatoric ~1e-2): a log colour scale
+            values = np.maximum(values, 1e-12)
+            finite = values[np.isfinite(values)]
+            norm, unit = LogNorm(vmin=float(finite.min()), vmax=float(max(finite.max(), finite.min() * 10))), "log"
+        sc = ax.scatter(cols["x"], cols["y"], c=values, s=6, cmap="viridis", norm=norm, zorder=1, label="car, coloured")
+        bar = fig.colorbar(sc, ax=ax, shrink=0.75)
+        bar.set_label(f"{key} ({unit} scale)" if norm is not None else key, fontsize=7)
+        threshold = cols.get("fallback_threshold")
+        if "epistemic" in key and threshold is not None and np.isfinite(threshold).any():
+            bar.ax.axhline(float(np.nanmax(threshold)), color="red", lw=2)  # the gate's threshold on the scale
+            ax.plot([], [], color="red", lw=2, label="fallback threshold (colour bar)")
+        ax.legend(loc="lower left", fontsize=6)
         ax.set_title(title)
         ax.set_aspect("equal")
         ax.set_xticks([])
@@ -86,11 +99,13 @@ def _time_series(path: Path, cols: dict[str, np.ndarray]) -> Path:
                 ax.axhline(np.nanmax(cols["fallback_threshold"]), color="red", lw=1, ls="--", label="threshold")
             ax.legend(loc="upper right", fontsize=7, ncol=4)
         else:
-            for head in sorted(c for c in cols if c.startswith(f"{key}_h")):
-                ax.plot(t, cols[head], lw=0.7, alpha=0.6)
+            for i, head in enumerate(sorted(c for c in cols if c.startswith(f"{key}_h"))):
+                ax.plot(t, cols[head], lw=0.7, alpha=0.6, label="per head" if i == 0 else None)
             ax.plot(t, cols[key], lw=1.4, color="black", label="mean over heads")
+            ax.legend(loc="upper right", fontsize=7, ncol=2)
         if engaged.any():
-            ax.fill_between(t, 0, 1, where=engaged, transform=ax.get_xaxis_transform(), color="red", alpha=0.12)
+            ax.fill_between(t, 0, 1, where=engaged, transform=ax.get_xaxis_transform(), color="red", alpha=0.12,
+                            label="fallback engaged")  # fmt: skip
         ax.set_ylabel(key)
     axes[-1, 0].set_xlabel("step")
     fig.subplots_adjust(left=0.08, right=0.98, top=0.98, bottom=0.06, hspace=0.12)
