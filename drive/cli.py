@@ -31,6 +31,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("eval",): "Closed-loop evaluation of an expert or trained controller on track seeds.",
     ("train",): "Train a controller (NSAC or a baseline) on a task or recorded data.",
     ("dagger",): "DAgger round: a trained clone drives, the expert labels, data is aggregated.",
+    ("export",): "Export a controller (ONNX, TorchScript; checked against PyTorch) or demonstrations (Minari).",
     ("results",): "Table of controllers trained and driven alike (closed loop beside offline metrics).",
     ("ood",): "Offline OOD detection: each controller's uncertainty on test frames vs perturbed camera frames.",
     ("replay",): "Render an episode trace to a video with the uncertainty overlay.",
@@ -45,7 +46,9 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "attention"): "Benchmark: NSAC attention vs torch SDPA, time and memory.",
     ("bench", "latency"): "Benchmark: per-step controller latency, S samples vs one pass.",
     ("bench", "udacity"): "Benchmark: Udacity telemetry -> steer round trip latency.",
+    ("bench", "robustness"): "Benchmark: closed-loop return, coverage, epistemic variance against camera perturbation.",
     ("bench", "render"): "Benchmark: the fast CarRacing renderer against the stock one, per frame.",
+    ("bench", "scale"): "Benchmark: collection on 1, 2 Ray workers and training on 1, 2 DDP ranks, with ratios.",
     ("bench", "offline"): "Benchmark tables of the offline tasks (uci, forecast, spiral): every controller, seed.",
 }
 

@@ -50,3 +50,33 @@ def plot_ood_scores(scores: Mapping[str, Mapping[str, Mapping[str, np.ndarray]]]
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def plot_robustness(table: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> Path:
+    """One row per perturbation kind, columns return / coverage90 steer / mean epistemic var (log), a line per
+    controller against the perturbation's level (domain_randomize: off = 0, on = 1)."""
+    plt = _pyplot()
+    kinds = list(dict.fromkeys(row["kind"] for rows in table.values() for row in rows))
+    cols = (("mean_return", "mean return"), ("coverage90_steer", "coverage90 of the expert's steer"),
+            ("epistemic_var_steer", "mean epistemic var (steer)"))  # fmt: skip
+    fig, axes = plt.subplots(len(kinds), 3, figsize=(12, 2.6 * len(kinds)), squeeze=False)
+    for r, kind in enumerate(kinds):
+        for c, (key, label) in enumerate(cols):
+            ax = axes[r, c]
+            for name, rows in table.items():
+                pts = sorted((row["level"], row[key]) for row in rows if row["kind"] == kind and row[key] is not None)
+                if pts:
+                    x, y = np.array(pts, dtype=float).T
+                    ax.plot(x, np.maximum(y, FLOOR) if c == 2 else y, marker="o", ms=3, label=name)
+            if c == 2:
+                ax.set_yscale("log")
+            if c == 1:
+                ax.axhspan(0.85, 0.95, color="green", alpha=0.08, label="target 0.85-0.95")
+            ax.set_title(f"{kind}: {label}", fontsize=8)
+            ax.set_xlabel("off / on" if kind == "domain_randomize" else "level", fontsize=7)
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -175,3 +175,14 @@ def test_gated_dagger_labels_only_uncertain_states_and_training_skips_the_rest(t
     assert counts == {0.0: 30, 1e9: 0}  # every state is uncertain above 0; nothing is queried above 1e9
     data = tasks.load("demos", tasks.options("demos", {"val_fraction": "0.2", "test_fraction": "0.2"}), out, 0)
     assert torch.isfinite(data.train.labels).all() and torch.isfinite(data.val.labels).all()
+
+
+def test_robustness_sweep_points_share_the_clean_run():
+    from drive.commands.bench.robustness import points
+
+    grid = points(("noise:0.05,0.1", "brightness:0.5", "domain_randomize"))
+    assert grid == [("noise", 0.0, ""), ("noise", 0.05, "noise:0.05"), ("noise", 0.1, "noise:0.1"),
+                    ("brightness", 1.0, ""), ("brightness", 0.5, "brightness:0.5"),
+                    ("domain_randomize", 0.0, ""), ("domain_randomize", 1.0, "domain_randomize")]  # fmt: skip
+    with pytest.raises(UserError):
+        points(("noise:3",))
