@@ -17,7 +17,9 @@ controller with fixed `--set` overrides, e.g. spiral's NSAC without its regulari
 n_runs(dataset, protocol, root) (the most runs a protocol has), PAPER ({protocol: {table key: {row: {metric:
 value}}}}, the table key being the dataset for its headline test set and "dataset/name" for metrics.json
 "tests"[name]; "default" stands for the protocol of a task without one), PAPER_SOURCES ({protocol: citation}),
-REPORT_PLOTS (which pooled plots drive/observe/report.py draws).
+REPORT_PLOTS (which pooled plots drive/observe/report.py draws), summary(runs) (a task's own tables and claims over
+the finished runs, [{"dataset", "row", "seed", "metrics"}] -> {"tables": [{"title", "note", "columns", "rows"}],
+"claims": [{"id", "claim", "paper", "ours", "reproduced"}]}, results.json "summary", rendered by the report).
 """
 
 from __future__ import annotations
@@ -241,7 +243,16 @@ def aggregate(grid: Grid) -> dict[str, Any]:
     return {"task": grid.task, "protocol": grid.protocol, "datasets": list(grid.datasets), "rows": list(grid.rows),
             "seeds": list(grid.seeds), "tables": tables, "paper_source": getattr(mod, "PAPER_SOURCES", {}).get(
             grid.protocol or NO_PROTOCOL), "report_plots": list(getattr(mod, "REPORT_PLOTS", ("reliability", "pit"))),
-            "environment": environment(grid.threads)}  # fmt: skip
+            "environment": environment(grid.threads), "summary": _summary(mod, grid_cells)}  # fmt: skip
+
+
+def _summary(mod, grid_cells: list[Cell]) -> dict[str, Any] | None:
+    """The task's own summary of the finished runs (its `summary(runs)`: extra tables and the paper's claims)."""
+    if not hasattr(mod, "summary"):
+        return None
+    runs = [{"dataset": c.dataset, "row": c.row, "seed": c.seed, "metrics": json.loads((c.run_dir /
+             "metrics.json").read_text())} for c in grid_cells if (c.run_dir / "metrics.json").is_file()]  # fmt: skip
+    return mod.summary(runs)
 
 
 def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, paper: dict) -> dict[str, Any]:

@@ -7,8 +7,9 @@ Generic over tasks: one markdown table per (dataset, test set) of `results["tabl
 (`0.0301 ± 0.0012 [paper 0.030]`), then the reference rows a task reports (naive forecasts, the train-mean
 predictor) and the paper's rows we did not run. Best per column in bold among our rows: the lowest value, except
 coverage_90 (closest to 0.90). The pooled plots (drive/observe/report_plots.py) are those the task names in
-REPORT_PLOTS, drawn from each run's predictions.npz / trajectory.npz. The report ends with the environment and the
-exact `drive train` command of one cell per row, so anyone reruns a cell.
+REPORT_PLOTS, drawn from each run's predictions.npz / trajectory.npz. A task's own summary (results["summary"]:
+extra tables and the paper's claims marked reproduced or not) follows the tables. The report ends with the
+environment and the exact `drive train` command of one cell per row, so anyone reruns a cell.
 """
 
 from __future__ import annotations
@@ -78,6 +79,24 @@ def table_markdown(table: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def summary_markdown(summary: dict[str, Any] | None) -> list[str]:
+    """A task's own summary (drive/learn/offline.py `summary`): its tables, then the paper's claims, each marked."""
+    if not summary:
+        return []
+    lines = []
+    for table in summary.get("tables", []):
+        lines += [f"### {table['title']}", "", *([table["note"], ""] if table.get("note") else []),
+                  "| " + " | ".join(table["columns"]) + " |", "|" + "---|" * len(table["columns"]),
+                  *("| " + " | ".join(row) + " |" for row in table["rows"]), ""]  # fmt: skip
+    if summary.get("claims"):
+        lines += ["### The paper's claims", "", "| claim | paper | ours | reproduced |", "|---|---|---|---|"]
+        marks = {True: "yes", False: "**no**", None: "undecided (not every dataset run)"}
+        lines += [f"| {c['claim']} | {c['paper']} | {c['ours']} | {marks[c['reproduced']]} |"
+                  for c in summary["claims"]]  # fmt: skip
+        lines.append("")
+    return lines
+
+
 def markdown(results: dict[str, Any], plots: list[Path], out: Path, command: str) -> str:
     head = f"task {results['task']}" + (f", protocol {results['protocol']}" if results["protocol"] else "")
     lines = [f"# drive bench offline: {head}", "", f"Command: `{command}`", ""]
@@ -89,6 +108,7 @@ def markdown(results: dict[str, Any], plots: list[Path], out: Path, command: str
               f"Metrics: {DEFINITIONS}", ""]  # fmt: skip
     for table in results["tables"]:
         lines += table_markdown(table)
+    lines += summary_markdown(results.get("summary"))
     for cell in failed:
         lines.append(f"- failed: `{cell['run_dir']}`: {cell.get('error', '')}")
     if plots:

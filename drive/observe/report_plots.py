@@ -9,7 +9,9 @@ aleatoric_var, epistemic_var and y, (N, D) each; a forecasting task writes RUN/t
 - decomposition: the NSAC paper's Figure 3: aleatoric and epistemic std along the test rows (for the spiral,
   along the curve) and, for 2-D targets, the predicted curve with its 2-sigma aleatoric / epistemic bands;
 - tubes: the NSAC paper's Figure 5: each row's first run along its RUN/tubes.npz trajectories (drive/observe/
-  tube_plots.py), one panel per controller and trajectory.
+  tube_plots.py), one panel per controller and trajectory;
+- sa_pit, width_coverage, nu_search: the SA study's (drive/observe/sa_plots.py, from RUN/sa_study.npz and the
+  runs' metrics.json "study").
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from drive import metrics
+from drive.observe import sa_plots
 from drive.observe.tube_plots import tubes
 
 
@@ -58,7 +61,7 @@ def draw(results: dict[str, Any], plot_dir: Path) -> list[Path]:
         name = table["key"].replace("/", "_")
         rows = {r["row"]: r["run_dirs"] for r in table["rows"]}
         for kind, fn in (("reliability", reliability), ("pit", pit_histograms), ("trajectory", trajectories),
-                         ("decomposition", decomposition), ("tubes", tubes)):  # fmt: skip
+                         ("decomposition", decomposition), ("tubes", tubes), *sa_plots.PLOTS.items()):  # fmt: skip
             if kind in kinds:
                 path = fn(rows, plot_dir / f"{name}_{kind}.png", table["key"])
                 if path is not None:

@@ -1,0 +1,137 @@
+"""The SA study: post-hoc calibration reaches its target coverage on held-out data, the sample-based metrics, matched
+coverage, and tasks sa-uci / sa-forecast run through `drive bench offline` for every method at tiny size (the real
+UCI / ETT files; a tiny random TimesFM checkpoint stands in for the real weights)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from drive.cli import main
+from drive.errors import UserError
+from drive.learn import sa_study, sa_summary
+from drive.learn.tasks import sa_forecast, sa_uci
+from tests.agents.test_timesfm import TINY, tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TINY_FT = ("encoder.d_model=8", "n_heads=2", "n_blocks=1", "task.n_samples=8", "task.sa_passes=2")
+
+
+def _gaussian_predictive(n: int, spread: float, seed: int) -> tuple[sa_study.Predictive, torch.Tensor]:
+    """y ~ N(mu, 1) and S = 64 samples from N(mu, spread^2): under-dispersed for spread < 1."""
+    g = torch.Generator().manual_seed(seed)
+    mu = torch.randn(n, 1, generator=g) * 3
+    y = mu + torch.randn(n, 1, generator=g)
+    samples = mu + spread * torch.randn(64, n, 1, generator=g)
+    return sa_study.Predictive(samples, mu), y
+
+
+def test_temperature_scaling_and_conformal_reach_their_target_coverage_on_held_out_data():
+    (cal, y_cal), (test, y_test) = _gaussian_predictive(4000, 0.3, 0), _gaussian_predictive(4000, 0.3, 1)
+    report = sa_study.study_report(cal, y_cal, test, y_test)
+    assert report["native"]["coverage_95"] < 0.5  # 95 % of N(mu, 0.09) covers ~ 0.46 of N(mu, 1)
+    assert report["temperature"]["T"] == pytest.approx(1 / 0.3, rel=0.05)
+    assert report["temperature"]["coverage_95"] == pytest.approx(0.95, abs=0.015)
+    assert report["temperature"]["pit_w1"] < 0.02 < report["native"]["pit_w1"]
+    assert report["conformal_95"]["coverage"] >= 0.94  # >= 95 % in expectation; sd 0.0034 at n = 4000
+    curve = report["curve"]
+    np.testing.assert_allclose(curve["coverage"], curve["levels"], atol=0.025)  # every level reached on test
+    assert curve["width"] == sorted(curve["width"])
+
+
+def test_native_metrics_of_a_calibrated_sampled_predictive():
+    pred, y = _gaussian_predictive(4000, 1.0, 2)
+    report = sa_study.native_report(pred, y)
+    assert report["coverage_95"] == pytest.approx(0.95, abs=0.015)
+    assert 2 * 1.96 < report["width_95"] < 2 * 1.96 * 1.15  # 64 draws' 2.5 / 97.5 % order statistics: a bit wider
+    assert report["pit_w1"] < 0.02  # empirical-CDF PIT, S = 64: discreteness floor ~ 1/(4 S)
+    assert report["nrmse"] == pytest.approx(1.0, rel=0.05)
+    assert report["crps"] == pytest.approx(1 / np.sqrt(np.pi), rel=0.05)  # E CRPS(N(0, 1), y ~ N(0, 1)) = 1 / sqrt(pi)
+
+
+def test_width_at_matched_coverage_reads_the_conformal_curve():
+    curve = {"coverage": [0.5, 0.8, 0.95], "width": [1.0, 2.0, 4.0]}
+    assert sa_study.width_at(curve, 0.65) == pytest.approx(1.5)
+    assert np.isnan(sa_study.width_at(curve, 0.3))
+    rows = {
+        "sa": {0: {"native": {"coverage_95": 0.8, "width_95": 1.0}, "curve": curve}},
+        "mcd": {0: {"native": {"coverage_95": 0.4, "width_95": 0.2}, "curve": {**curve, "width": [2, 4, 8]}}},
+    }
+    assert sa_summary.matched_ratios(rows) == {"sa": pytest.approx(2.0), "mcd": pytest.approx(4.0)}
+
+
+@pytest.fixture(scope="module")
+def uci_bench(tmp_path_factory, shared_data):
+    out = tmp_path_factory.mktemp("sa_uci")
+    code = main(["bench", "offline", "--task", "sa-uci", "--datasets", "yacht", "--seeds", "1", "--epochs", "1",
+                 "--data", str(shared_data), "--no-progress", "--out", str(out), "--set", *TINY_FT])  # fmt: skip
+    assert code == 0
+    return out
+
+
+@pytest.mark.parametrize("controller", sa_uci.CONTROLLERS)
+def test_every_method_runs_through_the_bench(uci_bench, controller):
+    run = uci_bench / "runs" / "yacht" / controller / "seed0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    study = metrics["study"]
+    assert study["method"] == sa_uci.METHODS[controller]
+    assert {"nrmse", "pit_w1", "coverage_95", "width_95", "nll", "crps"} <= set(metrics["test"])
+    assert 0 <= metrics["test"]["pit_w1"] <= 0.5 and 0 <= study["conformal_95"]["coverage"] <= 1
+    assert len(study["curve"]["levels"]) == len(sa_study.CURVE_LEVELS)
+    with np.load(run / "sa_study.npz") as arrays:
+        assert arrays[f"{study['method']}_pit"].shape == (metrics["test"]["n"],)
+    if controller == "ft":  # SA: nu from the default BO, the published routine and the grid recorded beside it
+        search = study["sa"]
+        assert search["nu_bounds"][0] <= search["nu"] <= search["nu_bounds"][1] and search["wall_time_s"] > 0
+        assert set(search["comparison"]) == {"default", "published", "grid"}
+        assert study["cost"]["adaptation_s"] == search["wall_time_s"]
+
+
+def test_the_report_has_the_table_the_claims_and_the_plots(uci_bench):
+    results = json.loads((uci_bench / "results.json").read_text())
+    summary = results["summary"]
+    table = summary["tables"][0]
+    assert sorted(r[1] for r in table["rows"]) == sorted(sa_uci.METHODS.values())  # one row per method
+    assert [c["id"] for c in summary["claims"]][:2] == ["pit_best", "sharpest"]
+    assert all(c["reproduced"] is None for c in summary["claims"] if c["id"] in ("pit_best", "sharpest"))  # 1 of 8
+    text = (uci_bench / "results.md").read_text()
+    assert "### The paper's claims" in text and "Table 2 analogue" in text
+    assert {p.name for p in (uci_bench / "plots").glob("*.png")} >= {"yacht_sa_pit.png", "yacht_width_coverage.png",
+                                                                     "yacht_nu_search.png"}  # fmt: skip
+
+
+def test_sa_forecast_with_a_timesfm_checkpoint_adds_its_row(tmp_path, shared_data):
+    ckpt, cfg = tmp_path / "torch_model.ckpt", tmp_path / "tiny.json"
+    torch.save(tiny(seed=2).state_dict(), ckpt)
+    cfg.write_text(json.dumps(dataclasses.asdict(TINY)))
+    out = tmp_path / "bench"
+    code = main(["bench", "offline", "--task", "sa-forecast", "--datasets", "etth1-96", "--epochs", "1", "--data",
+                 str(shared_data), "--no-progress", "--out", str(out), "--set", "encoder.d_model=8", "n_layers=1",
+                 "task.lookback=64", "task.train_stride=64", "task.eval_stride=200", "task.cal_windows=24",
+                 "task.n_samples=4", "task.sa_passes=2", f"task.timesfm={ckpt}", f"task.timesfm_config={cfg}",
+                 "task.timesfm_windows=5"])  # fmt: skip
+    assert code == 0
+    metrics = json.loads((out / "runs" / "etth1-96" / "patchtst" / "seed0" / "metrics.json").read_text())
+    methods = metrics["study"]["methods"]
+    assert set(methods) == {"sa", "mcd", "gaussian", "timesfm-sa"}
+    assert methods["timesfm-sa"]["sa"]["timesfm"]["n_test_windows"] == 5
+    assert methods["timesfm-sa"]["native"]["n"] == 5 * 96
+    assert metrics["test"]["mae_all_windows"] > 0 and metrics["test"]["n_windows"] == methods["sa"]["native"]["n"] // 96
+    claims = json.loads((out / "results.json").read_text())["summary"]["claims"]
+    assert claims[0]["id"] == "etth1_coverage" and "sa" in claims[0]["ours"]
+
+
+def test_timesfm_config_names_or_json_and_one_line_errors(tmp_path):
+    assert sa_forecast.timesfm_config("2.0-500m").n_layers == 50
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"n_layerz": 2}')
+    for spec in (str(bad), str(tmp_path / "missing.json")):
+        with pytest.raises(UserError) as info:
+            sa_forecast.timesfm_config(spec)
+        assert "\n" not in str(info.value)
+    with pytest.raises(UserError, match="unknown dataset"):
+        sa_forecast.parse_dataset("etth1-48")
