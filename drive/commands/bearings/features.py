@@ -78,8 +78,10 @@ def run(cfg: Config) -> int:
             spec = dataclasses.replace(spec, round_rows_to=None)
         bar = tqdm(unit="file", desc=cfg.raw.name, disable=not cfg.progress, mininterval=0.5)
 
+        files = [0]
+
         def on_progress(done: int, total: int) -> None:
-            bar.total = total
+            bar.total, files[0] = total, done
             bar.update(done - bar.n)
 
         t0 = time.perf_counter()
@@ -88,5 +90,5 @@ def run(cfg: Config) -> int:
                                  rows_per_file=cfg.rows_per_file, on_progress=on_progress)  # fmt: skip
     except BearingFileError as exc:
         raise UserError(str(exc)) from None
-    print(f"wrote {n} rows ({layout} layout, {bar.n} files, {time.perf_counter() - t0:.1f} s) to {cfg.out}")
+    print(f"wrote {n} rows ({layout} layout, {files[0]} files, {time.perf_counter() - t0:.1f} s) to {cfg.out}")
     return 0
