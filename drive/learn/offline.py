@@ -12,8 +12,9 @@ rather than a silent mix. A cell that fails (a diverged run) is recorded with it
 
 What a task module contributes (drive/learn/tasks/__init__.py documents the contract; all optional but Options):
 DATASETS / PROTOCOLS (the Options fields `dataset` / `protocol` select one; a task without them is one table),
-CONTROLLERS (the rows `--controllers all` runs), VARIANTS ({row: (controller, overrides)}: a row that is a
-controller with fixed `--set` overrides, e.g. spiral's NSAC without its regulariser), DEFAULT_SEEDS ({protocol: n}),
+CONTROLLERS (registry names: the rows `--controllers all` runs, then every VARIANT), VARIANTS ({row:
+(controller, overrides)}: a row that is a controller with fixed `--set` overrides, e.g. spiral's NSAC without its
+regulariser), DEFAULT_SEEDS ({protocol: n}),
 n_runs(dataset, protocol, root) (the most runs a protocol has), PAPER ({protocol: {table key: {row: {metric:
 value}}}}, the table key being the dataset for its headline test set and "dataset/name" for metrics.json
 "tests"[name]; "default" stands for the protocol of a task without one), PAPER_SOURCES ({protocol: citation}),
@@ -117,7 +118,7 @@ def make_grid(task: str, *, protocol: str | None = None, datasets: tuple[str, ..
 def _rows(mod, task: str, controllers: tuple[str, ...]) -> tuple[str, ...]:
     variants = getattr(mod, "VARIANTS", {})
     full = tuple(getattr(mod, "CONTROLLERS", ("nsac", "gmle", "mcd", "de", "der", "sdenet")))
-    rows = full if tuple(controllers) in ((), ("all",)) else tuple(controllers)
+    rows = (*full, *variants) if tuple(controllers) in ((), ("all",)) else tuple(controllers)
     bad = [r for r in rows if r not in REGISTRY and r not in variants]
     if bad:
         raise UserError(f"--controllers {', '.join(bad)}: not a controller ({', '.join(REGISTRY)}) nor a variant of "

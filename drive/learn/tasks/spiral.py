@@ -51,7 +51,7 @@ from drive.learn.tasks import TaskData
 
 DATA = ""  # generated from the recipe: no --data
 # `drive bench offline --task spiral`: the paper's ablation (Table 2 / Figure 3), NSAC with and without L_reg
-CONTROLLERS = ("nsac", "nsac-noreg")
+CONTROLLERS = ("nsac",)  # `--controllers all` runs these and the VARIANTS
 VARIANTS = {"nsac-noreg": ("nsac", ("reg_weight=0",))}
 DEFAULT_SEEDS = {"default": 3}
 REPORT_PLOTS = ("decomposition", "reliability", "pit")
