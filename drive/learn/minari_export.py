@@ -1,0 +1,73 @@
+"""A recorded demonstration dataset (datasets/demonstrations.py) as a Minari dataset (the `minari` extra).
+
+Per episode of T steps: observations (T + 1, k, 84, 84) uint8, the controller's frame stacks (the stack after the
+last step was never recorded: the last one is repeated, so a learner must not read meaning into obs[T]); actions
+(T, 3), the executed (DART-noised) action; rewards (T,); terminations / truncations, all False but the last step's,
+which is the episode's own; infos: `label` (T, 3), the expert's clean action (what `drive train` clones), and the
+privileged `state`, `progress`, `speed`. The episode seed is the track seed. Flagged episodes are left out, as
+`drive train` leaves them out.
+
+Minari 0.5's `EpisodeBuffer.add_step_data` needs jax (its `create` extra, jax + jaxlib: an 89 MB download); the
+buffers here are built from whole-episode arrays, so only `minari` itself (12 MB with its dependencies) and the
+pyarrow the core already has are needed. The dataset goes to OUT/<dataset_id> (Minari's MINARI_DATASETS_PATH).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from datasets.demonstrations import Demonstrations
+from drive.errors import UserError
+
+
+def _buffer(episode, index: int):
+    from minari.data_collector import EpisodeBuffer
+
+    stacks = np.ascontiguousarray(episode.stacks())  # (T, k, 84, 84)
+    observations = np.concatenate([stacks, stacks[-1:]])  # (T + 1, k, 84, 84)
+    n = len(episode)
+    terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
+    terminated[-1], truncated[-1] = bool(episode.meta.get("terminated")), bool(episode.meta.get("truncated", True))
+    infos = {"label": episode.label.astype(np.float32), "state": episode.state.astype(np.float32),
+             "progress": episode.progress.astype(np.float32), "speed": episode.speed.astype(np.float32)}  # fmt: skip
+    return EpisodeBuffer(id=index, seed=int(episode.seed), observations=observations,
+                         actions=episode.action.astype(np.float32), rewards=list(map(float, episode.reward)),
+                         terminations=list(terminated), truncations=list(truncated), infos=infos)  # fmt: skip
+
+
+def export_minari(data: Path, out: Path, dataset_id: str) -> Path:
+    """Write the dataset at `data` as Minari dataset `dataset_id` under `out`; returns its directory."""
+    try:
+        import gymnasium as gym
+        import minari
+    except ImportError:
+        raise UserError("--format minari needs minari: pip install minari==0.5.4 (the `minari` extra)") from None
+    demos = Demonstrations(data)
+    if len(demos) == 0:
+        raise UserError(f"{data}: no usable episode to export")
+    k = demos.frame_stack
+    observation_space = gym.spaces.Box(0, 255, (k, 84, 84), np.uint8)
+    action_space = gym.spaces.Box(np.array([-1, 0, 0], np.float32), np.array([1, 1, 1], np.float32))
+    previous = os.environ.get("MINARI_DATASETS_PATH")
+    os.environ["MINARI_DATASETS_PATH"] = str(Path(out).resolve())
+    try:
+        buffers = [_buffer(episode, i) for i, episode in enumerate(demos)]
+        minari.create_dataset_from_buffers(
+            dataset_id, buffers, observation_space=observation_space, action_space=action_space,
+            algorithm_name=f"drive collect (expert {demos.settings['expert']}, "
+                           f"DART noise {demos.settings['action_noise']})",
+            description=f"drive demonstrations from {Path(data).resolve()}: frame stacks of {k} coded frames "
+                        f"({demos.frame_coding}); infos['label'] is the clean expert action",
+            data_format="arrow",
+        )  # fmt: skip
+    except ValueError as exc:
+        raise UserError(f"minari: {exc}") from None
+    finally:
+        if previous is None:
+            os.environ.pop("MINARI_DATASETS_PATH", None)
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = previous
+    return Path(out) / dataset_id
