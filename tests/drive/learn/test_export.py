@@ -90,3 +90,30 @@ def test_a_controller_that_cannot_export_says_why(tmp_path, one_thread):
     with pytest.raises(export.ExportError, match="TorchScript trace failed"):
         export.export(model, encoder, "torchscript", tmp_path / "m.pt")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_minari_export_holds_the_recorded_episodes(tmp_path):
+    _require("minari")
+    from datasets.demonstrations import Demonstrations
+    from drive.loop.collect import CollectOptions, collect
+    from drive.observe.demonstrations import recorder_for
+
+    data = tmp_path / "demos"
+    collect(CollectOptions(out=data, env="fake-road", expert="pursuit", seeds="0-1", max_episode_steps=40,
+                           min_return=0.0, action_noise=0.1, progress=False), recorder_for)  # fmt: skip
+    args = ["export", "--format", "minari", "--data", str(data), "--out", str(tmp_path / "m"), "--dataset-id"]
+    args.append("drive/fake-road/demos-v0")
+    assert main(args) == 0
+    assert main(args) == 2  # never over an existing dataset
+    os.environ["MINARI_DATASETS_PATH"] = str(tmp_path / "m")
+    try:
+        import minari
+
+        episodes = list(minari.load_dataset("drive/fake-road/demos-v0").iterate_episodes())
+    finally:
+        del os.environ["MINARI_DATASETS_PATH"]
+    for got, mine in zip(episodes, Demonstrations(data), strict=True):
+        np.testing.assert_array_equal(got.observations[:-1], mine.stacks())
+        np.testing.assert_array_equal(got.actions, mine.action)
+        np.testing.assert_allclose(got.infos["label"][:-1], mine.label)
+        np.testing.assert_allclose(got.rewards, mine.reward, rtol=1e-6)
