@@ -69,8 +69,11 @@ def stat(seeds: dict[int, dict], *path: str) -> float | None:
     return mean(values)
 
 
-def method_table(data: dict, title: str, order: tuple[str, ...], cost_key: str = "adaptation_s") -> dict[str, Any]:
-    """datasets x methods: native nRMSE / MAE, PIT-W1, cov95, width95; matched ratio; after temperature scaling."""
+def method_table(data: dict, title: str, order: tuple[str, ...], paper: dict | None = None) -> dict[str, Any]:
+    """datasets x methods: native nRMSE / MAE, PIT-W1, cov95, width95; matched ratio; after temperature scaling.
+    paper: {dataset: {method: {native metric: value}}}, shown as [paper x] beside ours; its methods we did not run
+    are rows of their own."""
+    paper = paper or {}
     columns = ["dataset", "method", "runs", "nRMSE", "MAE", "PIT-W1", "cov95", "width95", "width @SA cov / SA",
                "T", "PIT-W1 (TS)", "cov95 (TS)", "width95 (TS)", "conformal95 cov", "conformal95 width", "train s",
                "adapt s"]  # fmt: skip
@@ -78,15 +81,28 @@ def method_table(data: dict, title: str, order: tuple[str, ...], cost_key: str =
     for dataset, methods in data.items():
         ratios = matched_ratios(methods)
         for method in sorted(methods, key=lambda m: order.index(m) if m in order else len(order)):
-            s = methods[method]
-            adapt = stat(s, "cost", cost_key) if method.endswith("sa") else stat(s, "fit", "train_seconds")
-            rows.append([dataset, method, str(len(s)), fmt(stat(s, "native", "nrmse")), fmt(stat(s, "native", "mae")),
-                         fmt(stat(s, "native", "pit_w1")), fmt(stat(s, "native", "coverage_95"), 2),
+            s, theirs = methods[method], paper.get(dataset, {}).get(method, {})
+
+            def ours(key: str, digits: int = 3, s=s, theirs=theirs) -> str:
+                text = fmt(stat(s, "native", key), digits)
+                return text + (f" [paper {theirs[key]:g}]" if key in theirs else "")
+
+            adapt = stat(s, "cost", "adaptation_s")  # SA: its search; post hoc on the same weights: 0
+            adapt = stat(s, "fit", "train_seconds") if adapt is None else adapt  # a baseline's own training
+            rows.append([dataset, method, str(len(s)), ours("nrmse"), fmt(stat(s, "native", "mae")),
+                         ours("pit_w1"), ours("coverage_95", 2),
                          fmt(stat(s, "native", "width_95")), fmt(ratios.get(method), 2),
                          fmt(stat(s, "temperature", "T"), 2), fmt(stat(s, "temperature", "pit_w1")),
                          fmt(stat(s, "temperature", "coverage_95"), 2), fmt(stat(s, "temperature", "width_95")),
                          fmt(stat(s, "conformal_95", "coverage"), 2), fmt(stat(s, "conformal_95", "width")),
                          fmt(stat(s, "fit", "train_seconds"), 3), fmt(adapt, 3)])  # fmt: skip
+        for method, values in paper.get(dataset, {}).items():
+            if method not in methods:
+                cells = {"nrmse": 3, "pit_w1": 5, "coverage_95": 6}
+                row = [dataset, f"paper: {method} (not run)", "-", *["-"] * (len(columns) - 3)]
+                for key, col in cells.items():
+                    row[col] = f"{values[key]:g}" if key in values else "-"
+                rows.append(row)
     note = ("native = the method's own samples (SA: post hoc on the deterministic model); TS = temperature-scaled on "
             "the calibration part; width @SA cov / SA: split-conformal width at SA's native coverage over SA's "
             "native width (> 1: wider than SA); adapt s: SA's nu search, a baseline's training; units: "

@@ -1,7 +1,7 @@
 """Task "sa-uci": the SA paper's UCI study, FT-Transformer and its baselines on Gal's splits.
 
     drive train --task sa-uci --controller ft --seed 0 --out runs/sa-uci/concrete/ft/0 --set task.dataset=concrete
-    drive bench offline --task sa-uci                  # every set x controller x the first 5 splits, then the tables
+    drive bench offline --task sa-uci --datasets concrete energy naval yacht protein wine kin8nm power --out DIR
 
 Yadav, Adebiyi & Zhang (2026), sec. "UCI regression": an FT-Transformer trained from scratch on eight UCI sets
 (Concrete, Energy, Naval, Yacht, Protein, Wine, Kin8nm, Power), Gal's 20 random 90/10 splits (Protein 5), all six
@@ -21,10 +21,25 @@ test PIT values (native and temperature-scaled) and the curve for pooled plots.
 Cost (wall-clock, one thread): SA's adaptation is its BO search (study.cost.adaptation_s); a baseline's is its
 training, metrics.json fit.train_seconds (the plain model's training is the backbone every method pays for).
 
-Departures and sizes (CPU budget; measured in the README section of issue 14): d_token 64 and 4 heads instead of
-FT-Transformer's default 192 / 8 (3 blocks kept): 4x cheaper per row on one thread; MultiSWAG with 5 models (paper
-10); the training budget is a number of rows seen (`ROWS_BUDGET` over the fit rows, 5-300 epochs) with early
-stopping (patience 16, FT-Transformer's) on the validation part; validation predictions use 4 samples.
+Departures and sizes (CPU budget: 2 cores shared by several engineers; measured in the README section of issue 14):
+- d_token 64 and 4 heads instead of FT-Transformer's default 192 / 8 (3 blocks kept): 4x cheaper per training row
+  on one thread (kin8nm: 0.9 s against 3.7 s an epoch); MultiSWAG with 5 models (the paper's 10);
+- the training budget is a number of rows seen (`ROWS_BUDGET` over the fit rows, 5-300 epochs), AdamW lr 1e-3,
+  batch 256, early stopping (patience 16, FT-Transformer's) on the validation part. Validation predictions use one
+  sample, so every method early-stops on the validation MSE of one predictive draw (the trainer's NLL with zero
+  variance is the MSE scaled), not on an NLL that rewards spread differently per method;
+- SWAG / MultiSWAG (VARIANTS): the whole budget without early stopping at a constant learning rate (the SWA phase
+  is a constant rate in Maddox et al.; collection starts at half the budget), validated on their own 30 samples: a
+  checkpoint kept by the one-sample rule had often collected no iterate at all (yacht split 1: best epoch 120 of
+  300, zero spread), while with 30 samples a checkpoint before collection (zero spread: NLL ~ 1e10) never wins;
+- IVON: h0 = 1000, beta2 = 0.999 instead of the package defaults (1, 0.99999). The Hessian EMA of 0.99999 does not
+  move in a few hundred steps, so the posterior std is 1 / sqrt(N h0) throughout, which at N = 553 (energy) is noise
+  the network cannot fit through. Energy split 0, 60 epochs, test MSE of the 16-sample mean (standardised units;
+  the plain model: 0.003): defaults 0.106; h0 10 / beta2 0.999: 0.089; h0 100: 0.021; h0 1000: 0.0077. The price:
+  IVON's spread is then mostly its initial h0;
+- contextual dropout and HSA: agents/contextual_dropout.py and agents/hsa.py (reconstructed from their papers'
+  method sections; the SA paper's text gives no details beyond "sample-dependent dropout" and "a training-stage
+  stochastic attention architecture", which both follow).
 """
 
 from __future__ import annotations
@@ -194,7 +209,8 @@ def summary(runs: list[dict]) -> dict:
     """The study's tables and the paper's claims over the benchmark's finished runs (drive/learn/sa_summary.py)."""
     data = sa_summary.collect(runs)
     order = tuple(METHODS.values())
-    tables = [sa_summary.method_table(data, "Table 2 analogue: every method on every set", order),
+    paper = {d: {METHODS[c]: v for c, v in rows.items()} for d, rows in PAPER["gal"].items()}
+    tables = [sa_summary.method_table(data, "Table 2 analogue: every method on every set", order, paper),
               sa_summary.nu_table(data)]  # fmt: skip
     return {"tables": tables, "claims": claims(data)}
 
