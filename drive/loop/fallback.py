@@ -33,6 +33,7 @@ from sim_bridges.carracing import ACTION_NAMES
 log = logging.getLogger(__name__)
 
 MODES = ("expert", "slow")
+VARIANCES = ("epistemic", "total")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ class FallbackConfig:
     mode: str = "expert"
     """what happens while the gate is engaged: expert (the shadow expert drives) or slow (cap gas, brake gently)"""
     signal: str = "steer"
-    """which action's epistemic variance is the score: steer, gas, brake, or sum (sum of the three)"""
+    """which action's variance is the score: steer, gas, brake, or sum (sum of the three)"""
+    variance: str = "epistemic"
+    """which variance is the score: epistemic (the samples' disagreement) or total (aleatoric + epistemic)"""
     quantile: float = 0.99
     """calibration: the threshold is this quantile of the per-step score on nominal laps"""
     engage_steps: int = 2
@@ -62,6 +65,8 @@ class FallbackConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise UserError(f"fallback mode {self.mode!r}: choose one of {MODES}")
+        if self.variance not in VARIANCES:
+            raise UserError(f"fallback variance {self.variance!r}: choose one of {VARIANCES}")
         if self.signal not in (*ACTION_NAMES, "sum"):
             raise UserError(f"fallback signal {self.signal!r}: choose one of {(*ACTION_NAMES, 'sum')}")
         if not 0.0 < self.quantile < 1.0:
@@ -100,6 +105,12 @@ def score(epistemic_var: np.ndarray, signal: str = "steer") -> float:
     if signal == "sum":
         return float(epistemic_var.sum())
     return float(epistemic_var[ACTION_NAMES.index(signal)])
+
+
+def prediction_variance(prediction, variance: str = "epistemic") -> np.ndarray:
+    """The variance per action of a StepPrediction that a gate scores: epistemic or total."""
+    epi = np.asarray(prediction.epistemic_var, dtype=np.float64)
+    return epi if variance == "epistemic" else epi + np.asarray(prediction.aleatoric_var, dtype=np.float64)
 
 
 def calibrate_threshold(scores: np.ndarray, quantile: float) -> float:
@@ -147,6 +158,10 @@ class FallbackGate:
     def score(self, epistemic_var: np.ndarray) -> float:
         """This gate's score of one step's epistemic variance per action."""
         return score(epistemic_var, self.cfg.signal)
+
+    def score_of(self, prediction) -> float:
+        """This gate's score of one step's prediction (a StepPrediction): its configured variance and signal."""
+        return score(prediction_variance(prediction, self.cfg.variance), self.cfg.signal)
 
     def update(self, value: float) -> bool:
         """Feed one step's score; returns whether the fallback is engaged for this step."""

@@ -152,7 +152,7 @@ class ControllerPolicy:
         self.stats.add(pred, latency_ms, expert)
         source, executed, gate = "policy", action, None
         if self.gate is not None:
-            value = self.gate.score(pred.epistemic_var)
+            value = self.gate.score_of(pred)
             engaged = self.gate.update(value)
             executed = self.gate.apply(action, expert)
             if engaged:

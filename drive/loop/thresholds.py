@@ -18,7 +18,7 @@ import numpy as np
 from drive import checkpoint
 from drive.errors import UserError
 from drive.loop.envs import make_env
-from drive.loop.fallback import FallbackConfig, calibrate_threshold, parse_fallback, score
+from drive.loop.fallback import FallbackConfig, calibrate_threshold, parse_fallback, prediction_variance, score
 from drive.loop.policies import ControllerPolicy
 from drive.loop.rollout import StepRecord, rollout
 from drive.loop.seeds import parse_seeds
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def nominal_scores(policy: ControllerPolicy, seeds: Sequence[int], signal: str,
-                   env_kwargs: Mapping[str, Any]) -> np.ndarray:  # fmt: skip
+                   env_kwargs: Mapping[str, Any], variance: str = "epistemic") -> np.ndarray:  # fmt: skip
     """Per-step gate scores of the controller driving alone (no fallback) on `seeds`."""
     if policy.gate is not None:
         raise ValueError("nominal laps run without a fallback")
@@ -36,7 +36,7 @@ def nominal_scores(policy: ControllerPolicy, seeds: Sequence[int], signal: str,
 
     def observe(record: StepRecord) -> None:
         assert record.output.prediction is not None
-        scores.append(score(record.output.prediction.epistemic_var, signal))
+        scores.append(score(prediction_variance(record.output.prediction, variance), signal))
 
     env = make_env(**env_kwargs)
     try:
@@ -62,12 +62,14 @@ def resolve_threshold(
     env_kwargs = dict(env_kwargs or {})
     policy = controller_policy(path, n_samples, seed, shadow=None, env=env_kwargs.get("name", "carracing"))
     stored = checkpoint.read(path, kind="controller").get("extra", {}).get("fallback") or {}
-    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples}
+    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples,
+              "variance": cfg.variance}
+    stored = {"variance": "epistemic", **stored} if stored else stored  # stored before gates had a variance choice
     if stored and all(stored.get(k) == v for k, v in wanted.items()):
         return float(stored["threshold"]), f"checkpoint (calibrated on seeds {stored.get('seeds')})"
     if not calibrate_seeds:
         raise UserError(f"{path}: no fallback threshold stored for {wanted}; give one or seeds to calibrate on")
-    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs)
+    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs, cfg.variance)
     value = calibrate_threshold(values, cfg.quantile)
     log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", value, cfg.quantile, len(values),
              list(calibrate_seeds))  # fmt: skip
@@ -94,10 +96,11 @@ def store_threshold(path: str | Path, cfg: FallbackConfig, calibrate_seeds: Sequ
     env_kwargs = dict(env_kwargs or {})
     payload = checkpoint.read(path, kind="controller")
     policy = controller_policy(path, n_samples, 0, shadow=None, env=env_kwargs.get("name", "carracing"))
-    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs)
+    values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs, cfg.variance)
     value = calibrate_threshold(values, cfg.quantile)
     extra = {**payload["extra"], "fallback": {"threshold": value, "signal": cfg.signal, "quantile": cfg.quantile,
-                                              "n_samples": policy.n_samples, "seeds": list(map(int, calibrate_seeds)),
+                                              "n_samples": policy.n_samples, "variance": cfg.variance,
+                                              "seeds": list(map(int, calibrate_seeds)),
                                               "n_steps": int(len(values))}}  # fmt: skip
     checkpoint.save(path, kind="controller", name=payload["name"], config=payload["config"], module=policy.model,
                     normalisation=payload["normalisation"], data=payload["data"], metrics=payload["metrics"],
