@@ -8,10 +8,12 @@ published recipe of its dataset applied (`datasets/bearings/features.py`), strea
 one snapshot and one window whatever the number of files; the CSV appears under --out only when complete.
 
 Which options reproduce a published file: XJTU-SY, none (the default spec concatenates snapshots in the published
-lexicographic order, `--file-order numeric` gives time order); PRONOSTIA, `--temperature` with the file's constant
-fill where it has one (Bearing2_1 and 3_2: 100.253; 1_3, 2_2, 3_1: 290.045; 1_2 109.954; 2_3 112.374), since the
-published Temperature is not derivable from the raw temperature files. `Degradation` is the labels ODE (within
-1.3e-3 of the published PRONOSTIA column) and `Degradation_monotonic` is not written.
+lexicographic order; `--file-order numeric` gives time order). PRONOSTIA: `--temperature` with the file's constant
+fill (Bearing2_1 and 3_2: 100.253; 1_3, 2_2 and 3_1: 290.045; 1_2: 109.95399999999997; 2_3: 112.374), since the
+published Temperature is not derivable from the raw temperature files; the bearings whose published Temperature is a
+series (1_4, 1_7, 2_4, 2_6, 2_7, 3_3: one value per Time unit, ~100-850) cannot be matched in that column. Then
+Horizontal, Vertical, Time, Temperature, RPM and Load match; `Degradation` is the labels ODE (within 1.3e-3 of the
+published PRONOSTIA column, whose ODE variant is not published) and `Degradation_monotonic` is not written.
 """
 
 from __future__ import annotations
