@@ -115,7 +115,9 @@ def markdown(results: dict[str, Any], plots: list[Path], out: Path, command: str
         lines += ["", "## Plots", ""]
         lines += [f"![{p.stem}]({os.path.relpath(p, out)})" for p in plots]
     env = results.get("environment", {})
-    lines += ["", "## Rerun one cell", ""]
+    lines += ["", "## Rerun one cell", "", "Each cell is this `drive train` command (other cells: another `--seed` = "
+              "the protocol's split / run, another `task.dataset`); its run directory holds config.json, metrics.json "
+              "and predictions.npz.", ""]  # fmt: skip
     for table in results["tables"][:1]:
         lines += [f"- {row['row']}: `{row['command']}`" for row in table["rows"]]
     lines += ["", "## Environment", "", *(f"- {k}: {v}" for k, v in env.items()), ""]
