@@ -29,10 +29,7 @@ import json
 import logging
 import math
 import os
-import platform
 import shlex
-import subprocess
-import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -172,31 +169,68 @@ def cell_state(cell: Cell) -> str:
 
 
 def run_grid(grid: Grid, progress: bool = True) -> list[dict[str, Any]]:
-    """Train every cell that is not done; returns one record per cell (status, seconds, error)."""
+    """Train every cell that is not done; returns one record per cell (status, seconds, error).
+
+    Several processes may run the same grid: each cell is locked (RUN/lock holds the pid) while it trains and its
+    state is read again just before, so a cell another process finished or is training is skipped ("busy")."""
     if grid.threads > 0:
         torch.set_num_threads(grid.threads)
     todo, records = [], []
     for cell in cells(grid):
-        state = cell_state(cell)
-        (records if state == "done" else todo).append((cell, state))
-    records = [_record(c, "done", 0.0) for c, _ in records]
+        (records if cell_state(cell) == "done" else todo).append(cell)
+    records = [_record(c, "done", 0.0) for c in records]
     bar = tqdm(todo, desc=f"bench offline {grid.task}", unit="cell", disable=not progress, dynamic_ncols=True)
-    for cell, state in bar:
-        bar.set_postfix_str(f"{cell.dataset or grid.task} {cell.row} seed {cell.seed}" + (" (resumed)" if state ==
-                            "partial" else ""))  # fmt: skip
-        t0 = time.perf_counter()
-        request = TrainRequest(controller=cell.controller, out=cell.run_dir, task=grid.task, data=grid.data,
-                               epochs=grid.epochs, seed=cell.seed, resume=state == "partial", overrides=cell.overrides,
-                               device=grid.device, progress=False, command=cell.command)  # fmt: skip
+    for cell in bar:
+        bar.set_postfix_str(f"{cell.dataset or grid.task} {cell.row} seed {cell.seed}")
+        lock = _lock(cell.run_dir)
+        if lock is None:
+            records.append(_record(cell, "busy", 0.0))
+            continue
         try:
-            train_and_evaluate(request)
-            records.append(_record(cell, "trained", time.perf_counter() - t0))
-        except (FloatingPointError, RuntimeError, ValueError) as exc:
-            if isinstance(exc, UserError):
-                raise
-            log.warning("%s failed: %s", cell.run_dir, exc)
-            records.append(_record(cell, "failed", time.perf_counter() - t0, traceback.format_exception_only(exc)))
+            records.append(_train_cell(grid, cell))
+        finally:
+            lock.unlink(missing_ok=True)
     return records
+
+
+def _train_cell(grid: Grid, cell: Cell) -> dict[str, Any]:
+    state = cell_state(cell)
+    if state == "done":  # finished by another process meanwhile
+        return _record(cell, "done", 0.0)
+    t0 = time.perf_counter()
+    request = TrainRequest(controller=cell.controller, out=cell.run_dir, task=grid.task, data=grid.data,
+                           epochs=grid.epochs, seed=cell.seed, resume=state == "partial", overrides=cell.overrides,
+                           device=grid.device, progress=False, command=cell.command)  # fmt: skip
+    try:
+        train_and_evaluate(request)
+        return _record(cell, "trained", time.perf_counter() - t0)
+    except (FloatingPointError, RuntimeError, ValueError) as exc:
+        if isinstance(exc, UserError):
+            raise
+        log.warning("%s failed: %s", cell.run_dir, exc)
+        return _record(cell, "failed", time.perf_counter() - t0, traceback.format_exception_only(exc))
+
+
+def _lock(run_dir: Path) -> Path | None:
+    """RUN/lock created exclusively with our pid; None while a live process holds it (a dead one's is taken)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "lock"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(path.read_text() or 0), 0)
+                return None  # held by a live process
+            except (ProcessLookupError, ValueError, FileNotFoundError):
+                path.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            except PermissionError:
+                return None
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return path
+    return None
 
 
 def status_record(cell: Cell) -> dict[str, Any]:
@@ -244,7 +278,7 @@ def aggregate(grid: Grid) -> dict[str, Any]:
     return {"task": grid.task, "protocol": grid.protocol, "datasets": list(grid.datasets), "rows": list(grid.rows),
             "seeds": list(grid.seeds), "tables": tables, "paper_source": getattr(mod, "PAPER_SOURCES", {}).get(
             grid.protocol or NO_PROTOCOL), "report_plots": list(getattr(mod, "REPORT_PLOTS", ("reliability", "pit"))),
-            "environment": environment(grid.threads), "summary": _summary(mod, grid_cells)}  # fmt: skip
+            "threads": grid.threads, "summary": _summary(mod, grid_cells)}  # fmt: skip
 
 
 def _summary(mod, grid_cells: list[Cell]) -> dict[str, Any] | None:
@@ -281,16 +315,3 @@ def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, pap
             for ref, values in references.items()]  # fmt: skip
     return {"key": key, "dataset": dataset, "test": name or "test", "notes": notes, "rows": rows, "references": refs,
             "paper_rows": {r: v for r, v in paper.items() if r not in {x["row"] for x in rows}}}  # fmt: skip
-
-
-def environment(threads: int) -> dict[str, Any]:
-    """What the numbers ran on: versions, CPU, threads, the checkout's commit."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=Path(__file__).resolve().parents[2]).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": threads, "commit": commit,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip

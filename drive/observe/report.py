@@ -16,8 +16,15 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
 
 from datasets.files import atomic_write
 from drive.observe import report_plots
@@ -129,7 +136,21 @@ def write_report(results: dict[str, Any], out: Path, command: str = "") -> list[
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plots = report_plots.draw(results, out / "plots")
-    results = {**results, "command": command, "plots": [str(p) for p in plots]}
+    results = {"environment": environment(results.get("threads", 1)), **results, "command": command,
+               "plots": [str(p) for p in plots]}  # fmt: skip
     atomic_write(out / "results.json", json.dumps(results, indent=2).encode())
     atomic_write(out / "results.md", markdown(results, plots, out, command).encode())
     return [out / "results.json", out / "results.md", *plots]
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """What the numbers ran on: versions, CPU, threads, the checkout's commit."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).resolve().parents[2]).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": threads, "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -102,3 +105,13 @@ def test_report_plots_trajectories_and_decomposition(tmp_path):
     paths = report_plots.draw(results, tmp_path / "plots")
     assert sorted(p.name for p in paths) == ["toy_decomposition.png", "toy_pit.png", "toy_reliability.png",
                                              "toy_trajectory.png"]  # fmt: skip
+
+
+def test_cell_lock_skips_a_live_holder_and_takes_a_stale_one(tmp_path):
+    run = tmp_path / "cell"
+    held = offline._lock(run)
+    assert held is not None and held.read_text() == str(os.getpid())
+    assert offline._lock(run) is None  # held by a live process (this one)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    held.write_text(dead.stdout.strip())  # its process has exited: the lock is stale
+    assert offline._lock(run) == held and held.read_text() == str(os.getpid())
