@@ -13,6 +13,12 @@ shuffle=False their seeds only reseed the model), so the seed changes initialisa
 
 Input encoding: the scaled look-back window (L, C), one token per step (EncoderConfig kind "sequence", linear
 embedding + learned position), all C columns, the target last; output: the target's next H steps, (H,).
+Departure (`task.target`, default `residual`): the controller predicts the steps minus the look-back's last target
+value (added back before scoring; NLinear's normalisation, Zeng et al. 2023), the same for every controller. The
+paper predicts levels, and with levels every method loses to the last value (the paper's own ETTm1 MSEs are 5-8x
+persistence); measured on ETTm1 (paper protocol, scaled, one epoch): GMLE level 0.00247, residual 0.00106, last value
+0.00117. `--set task.target=level` restores the paper's target. RUN/predictions.npz holds the controller's own
+target (the residual); PIT and calibration do not change under the shift, RUN/trajectory.npz holds levels.
 
 Metrics (metrics.json): "test" in scaled units (the scale of the paper's numbers, see below), "tests": {"original":
 the same predictive after target_scaler's inverse transform (the paper text's "inverse-transformed" scoring)}.
