@@ -103,6 +103,9 @@ def _warm(ray, workers: int) -> None:
 
 
 def measure_collection(cfg: Config, data: Path, console) -> dict[str, dict]:
+    import torch
+
+    torch.set_num_threads(1)  # the 1-worker pool runs here: one thread, as the pool's and Ray's workers have
     plan = [("pool2", 2, False), ("pool1", 1, False), ("ray1", 1, True), ("ray2", 2, True)]
     results = {}
     for key, workers, ray in plan:
