@@ -136,6 +136,23 @@ def _expm1(g, x):
     return g.op("Sub", g.op("Exp", x), g.op("Constant", value_t=torch.tensor(1.0)))
 
 
+@contextlib.contextmanager
+def _quiet_exporters() -> Iterator[None]:
+    """torch.export and the ONNX exporters log every tried decomposition and missing optional package as warnings
+    and errors; what matters reaches the caller as an exception."""
+    loggers = [logging.getLogger(name) for name in ("torch.export", "torch.onnx", "torch._dynamo", "torch.fx")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def _onnx_bytes(module: nn.Module, x: Tensor) -> tuple[bytes, str]:
     """The ONNX model (bytes) and the exporter that made it: dynamo (torch.export), else the TorchScript-based one."""
     try:
@@ -187,7 +204,7 @@ def export(model: Controller, encoder: EncoderConfig, fmt: str, out: Path, pass_
         raise UserError(f"--format {fmt!r}: choose one of {FORMATS}")
     module = wrap(model.eval(), pass_, n_samples)
     x = example_input(encoder, batch=2)
-    with traceable():
+    with traceable(), _quiet_exporters():
         data, how = (_onnx_bytes if fmt == "onnx" else _torchscript_bytes)(module, x)
     atomic_write(Path(out), data)
     return how
