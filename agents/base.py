@@ -57,6 +57,8 @@ class Controller(nn.Module):
     internal_batch_axes: ClassVar[dict[str, int]] = {}
     internal_head_axes: ClassVar[dict[str, int]] = {}
     internal_indices: ClassVar[tuple[str, ...]] = ()
+    y_loc: Tensor  # (D,) buffers: the training targets' mean and std
+    y_scale: Tensor
 
     def __init__(self, out_dim: int):
         super().__init__()
