@@ -6,7 +6,9 @@ Log variants read (all seen in the wild, see ../shared/data/udacity_sim/PROVENAN
 - Linux/macOS builds: absolute POSIX paths, no spaces, speeds like `1.600606E-05`.
 Images are found by basename in `IMG/` beside the log, whatever path the recording machine wrote. Side cameras may be
 empty (a log recorded in autonomous mode carries only the center frame). Any malformed row, non-finite number,
-steering outside [-1, 1] or missing image raises `UdacityLogError` naming the file and line.
+steering outside [-1, 1] or missing image raises `UdacityLogError` naming the file and line (`skip_bad=True`: rows
+naming a missing image are left out and listed in `UdacityLog.skipped`); `load_row_frame` names the row of a corrupt
+image.
 
 `preprocess` is the NSAC / car-behavioral-cloning (naokishibuya) pipeline: crop sky and hood (rows 60:-25), resize to
 200x66, RGB -> YUV, channels first. `drive udacity drive` (drive/loop/udacity.py) calls this very function on live
@@ -60,6 +62,7 @@ class UdacityLog:
     brake: np.ndarray  # (N,)
     speed: np.ndarray  # (N,) mph
     line: np.ndarray  # (N,) 1-based line number of each row in the file, for error messages
+    skipped: tuple[str, ...] = ()  # read with skip_bad=True: one message per row left out (naming its line)
 
     def __len__(self) -> int:
         return len(self.center)
@@ -80,8 +83,10 @@ def _index_images(img_dir: Path) -> dict[str, Path]:
         return {}
 
 
-def read_log(path: str | os.PathLike) -> UdacityLog:
-    """Read `driving_log.csv` (or a directory holding it) in any of the variants above; validate every row and image."""
+def read_log(path: str | os.PathLike, skip_bad: bool = False) -> UdacityLog:
+    """Read `driving_log.csv` (or a directory holding it) in any of the variants above; validate every row and image.
+
+    skip_bad: a row naming a missing image is left out and its message kept in `skipped` instead of raising."""
     path = Path(path)
     if path.is_dir():
         path = path / "driving_log.csv"
@@ -92,6 +97,7 @@ def read_log(path: str | os.PathLike) -> UdacityLog:
     paths: dict[str, list] = {cam: [] for cam in CAMERAS}
     numbers: dict[str, list[float]] = {name: [] for name in FIELDS[3:]}
     lines: list[int] = []
+    skipped: list[str] = []
     with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         for n, raw in enumerate(f, start=1):
             text = raw.strip().lstrip("\ufeff")
@@ -106,31 +112,22 @@ def read_log(path: str | os.PathLike) -> UdacityLog:
                 raise UdacityLogError(
                     f"{path}:{n}: expected {len(FIELDS)} fields ({', '.join(FIELDS)}), got {len(fields)}"
                 )
-            for cam, field in zip(CAMERAS, fields[:3], strict=True):
-                name = _basename(field)
-                if not name:
-                    if cam == "center":
-                        raise UdacityLogError(f"{path}:{n}: empty center image path")
-                    paths[cam].append(None)
-                    continue
-                if name not in images:
-                    raise UdacityLogError(f"{path}:{n}: {cam} image {name!r} not found in {img_dir}")
-                paths[cam].append(images[name])
-            for name, field in zip(FIELDS[3:], fields[3:], strict=True):
-                try:
-                    value = float(field)
-                except ValueError:
-                    raise UdacityLogError(f"{path}:{n}: field {name!r} is not a number: {field!r}") from None
-                if not math.isfinite(value):
-                    raise UdacityLogError(f"{path}:{n}: field {name!r} is not finite: {field!r}")
+            try:
+                row_paths = _row_images(fields, images, f"{path}:{n}", img_dir)
+            except UdacityLogError as exc:
+                if not skip_bad:
+                    raise
+                skipped.append(str(exc))
+                continue
+            for cam, image in zip(CAMERAS, row_paths, strict=True):
+                paths[cam].append(image)
+            for name, value in _row_numbers(fields, f"{path}:{n}").items():
                 numbers[name].append(value)
-            if abs(numbers["steering"][-1]) > 1.0 + 1e-6:
-                raise UdacityLogError(
-                    f"{path}:{n}: steering {numbers['steering'][-1]} outside [-1, 1] (degrees instead of normalised?)"
-                )
             lines.append(n)
     if not lines:
-        raise UdacityLogError(f"{path}: no data rows")
+        raise UdacityLogError(
+            f"{path}: no data rows" + (f" ({len(skipped)} skipped; first: {skipped[0]})" if skipped else "")
+        )
     return UdacityLog(
         path=path,
         center=tuple(paths["center"]),
@@ -138,7 +135,38 @@ def read_log(path: str | os.PathLike) -> UdacityLog:
         right=tuple(paths["right"]),
         **{name: np.asarray(values, dtype=np.float64) for name, values in numbers.items()},
         line=np.asarray(lines),
+        skipped=tuple(skipped),
     )
+
+
+def _row_numbers(fields: list[str], where: str) -> dict[str, float]:
+    out = {}
+    for name, field in zip(FIELDS[3:], fields[3:], strict=True):
+        try:
+            value = float(field)
+        except ValueError:
+            raise UdacityLogError(f"{where}: field {name!r} is not a number: {field!r}") from None
+        if not math.isfinite(value):
+            raise UdacityLogError(f"{where}: field {name!r} is not finite: {field!r}")
+        out[name] = value
+    if abs(out["steering"]) > 1.0 + 1e-6:
+        raise UdacityLogError(f"{where}: steering {out['steering']} outside [-1, 1] (degrees instead of normalised?)")
+    return out
+
+
+def _row_images(fields: list[str], images: dict[str, Path], where: str, img_dir: Path) -> list[Path | None]:
+    out: list[Path | None] = []
+    for cam, field in zip(CAMERAS, fields[:3], strict=True):
+        name = _basename(field)
+        if not name:
+            if cam == "center":
+                raise UdacityLogError(f"{where}: empty center image path")
+            out.append(None)
+        elif name not in images:
+            raise UdacityLogError(f"{where}: {cam} image {name!r} not found in {img_dir}")
+        else:
+            out.append(images[name])
+    return out
 
 
 # -- frames ------------------------------------------------------------------------------------------------------------
@@ -159,6 +187,16 @@ def load_frame(path: str | os.PathLike) -> np.ndarray:
     except OSError as exc:
         raise UdacityLogError(f"{path}: cannot read image ({exc.strerror})") from exc
     return decode_frame(data, path)
+
+
+def load_row_frame(log: UdacityLog, i: int, camera: str = "center") -> np.ndarray:
+    """The RGB frame of row i's camera; an unreadable or corrupt image raises naming the log's file and line."""
+    path = getattr(log, camera)[i]
+    try:
+        return load_frame(path)
+    except UdacityLogError as exc:
+        raise UdacityLogError(f"{log.path}:{int(log.line[i])}: {camera} image {Path(path).name!r}: "
+                              f"{str(exc).split(': ', 1)[-1]}") from None  # fmt: skip
 
 
 def preprocess(rgb: np.ndarray) -> np.ndarray:

@@ -3,8 +3,9 @@
 The simulator is the Socket.IO *client*; we are the server (127.0.0.1:4567 unless asked otherwise). It pushes a
 telemetry frame, waits for our `steer` (or `manual`) and pushes the next one -- strictly one telemetry per answer,
 twice on open (websocket open and engine.io open), so two answer chains are always in flight. The transport,
-`sim_bridges.udacity_server.UdacityServer`, is Socket.IO in python-socketio's threading mode (no eventlet) with the
-compatibility layer of `udacity_compat` for the simulator's CONNECT-less client. `UdacityEnv.step()` answers the
+`sim_bridges.udacity_server.UdacityServer`, is Socket.IO (python-socketio, served by werkzeug threads or, with
+`kind="eventlet"`, by eventlet; `udacity_transport`) with the compatibility layer of `udacity_compat` for the
+simulator's CONNECT-less client. `UdacityEnv.step()` answers the
 frame the last observation came from and blocks, with a timeout, for the next one.
 
 Every frame is answered exactly once, whatever happens:

@@ -1,9 +1,12 @@
 """The transport between the Udacity simulator and `UdacityEnv`: a Socket.IO server that answers every frame once.
 
-Socket.IO in python-socketio's threading mode (simple-websocket under werkzeug's threaded server; no eventlet, no
-monkey-patching, no deprecation warning on import) with the compatibility layer of `udacity_compat`. Handlers run
-in each connection's reader thread; valid frames wait in a bounded queue for the env (see `sim_bridges.udacity` for
-the answering rules); `stats` counts everything (connects, answers by kind, refused frames by reason, client pings).
+Socket.IO (python-socketio) with the compatibility layer of `udacity_compat`, served by `kind="threading"`
+(werkzeug + simple-websocket, each connection its own OS thread; no monkey-patching) or `kind="eventlet"`
+(eventlet.wsgi on green threads in one OS thread of their own; optional dependency), see `udacity_transport`.
+Handlers run where the server runs (a connection's reader thread, or the eventlet hub); valid frames wait in a
+bounded queue for the env (see `sim_bridges.udacity` for the answering rules); answers from the env thread are
+handed to the server's side by `Transport.call`; `stats` counts everything (connects, answers by kind, refused frames
+by reason, client pings).
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from sim_bridges.udacity_protocol import (
     parse_telemetry,
     steer_payload,
 )
+from sim_bridges.udacity_transport import SERVERS, TransportError, import_eventlet, make_transport
 
 log = logging.getLogger(__name__)
+DEFAULT_SERVER = "threading"  # measured with `drive bench udacity --server both`: see the README
 
 
 @dataclass
@@ -69,6 +74,7 @@ class UdacityServer:
         limits: Limits | None = None,
         max_pending: int = 4,
         max_packet_bytes: int = 16 << 20,
+        kind: str = DEFAULT_SERVER,
     ):
         self.host, self.limits, self.max_pending = host, limits or Limits(), max(1, int(max_pending))
         self.stats: Counter[str] = Counter()
@@ -76,8 +82,13 @@ class UdacityServer:
         self._pending: deque[Frame] = deque()
         self._connected: set[str] = set()
         self._n_frames = 0
+        if kind not in SERVERS:
+            raise TransportError(f"unknown server {kind!r}; choose one of {', '.join(SERVERS)}")
+        if kind == "eventlet":
+            import_eventlet()  # before python-socketio looks for it: its import warning stays silenced
+        self.kind = kind
         self.sio = CompatServer(
-            async_mode="threading",
+            async_mode=kind,
             ping_interval=ping_interval,
             ping_timeout=ping_timeout,
             max_http_buffer_size=max_packet_bytes,
@@ -90,20 +101,11 @@ class UdacityServer:
         self.sio.on("connect", self._on_connect)
         self.sio.on("disconnect", self._on_disconnect)
         self.sio.on("telemetry", self._on_telemetry)
-        from werkzeug.serving import WSGIRequestHandler, make_server
-
-        class _Quiet(WSGIRequestHandler):
-            def log(self, type, message, *args):  # noqa: A002 - werkzeug's signature
-                log.debug("http: " + message, *args)
-
         _check_bindable(host, port)  # werkzeug would print to stderr and sys.exit(1) instead of raising
-        self._httpd = make_server(host, port, socketio.WSGIApp(self.sio), threaded=True, request_handler=_Quiet)
-        self.port = int(self._httpd.server_port)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="udacity-bridge")
-        self._thread.daemon = True
-        self._thread.start()
+        self._transport = make_transport(kind, host, port, lambda: socketio.WSGIApp(self.sio))
+        self.port = self._transport.port
         self._closed = False
-        log.info("Udacity bridge listening on ws://%s:%d/socket.io/", host, self.port)
+        log.info("Udacity bridge (%s) listening on ws://%s:%d/socket.io/", kind, host, self.port)
 
     # -- handlers (reader threads) ------------------------------------------------------------------------------------
     def _count(self, key: str, n: int = 1) -> None:
@@ -204,7 +206,7 @@ class UdacityServer:
             alive = sid in self._connected
             self.stats[f"answered.{kind}" if alive else "answers_to_closed_sessions"] += 1
         if alive:
-            self.sio.emit(event, data, to=sid)
+            self._transport.call(self.sio.emit, event, data, to=sid)
 
     @property
     def n_pending(self) -> int:
@@ -236,10 +238,11 @@ class UdacityServer:
             self._send(frame.sid, "steer", dict(SAFE_STEER), "safe")
         for sid in sids:
             try:
-                self.sio.disconnect(sid)
+                self._transport.call_sync(self.sio.disconnect, sid)
             except Exception as exc:  # a session closing at the same moment
                 log.debug("disconnect %s: %s", sid, exc)
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-        self.sio.shutdown()
+        try:
+            self._transport.call_sync(self.sio.shutdown)
+        except Exception as exc:
+            log.debug("shutdown: %s", exc)
+        self._transport.close()

@@ -2,6 +2,7 @@
 
     drive eval --policy expert:ppo --seeds 1000-1019
     drive eval --policy ckpt:runs/bc-nsac/best.pt --seeds 1000-1019 --out runs/bc-nsac/eval.json --trace DIR
+    drive eval --policy ckpt:checkpoints/udacity_nsac.pt --data udacity:DIR --out scores.json   # a driving log
 
 Episodes and their summary come from drive/loop/evaluate.py; `--trace DIR` adds the interpretability recorder
 (drive/observe/trace.py) to every episode; the results JSON is written atomically.
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datasets.files import atomic_write
+from drive.errors import UserError
+from drive.learn import recording
 from drive.loop.evaluate import EvalOptions, describe, evaluate
 from drive.loop.specs import parse_policy_spec
 from drive.observe.trace_recorder import trace_observer
@@ -26,6 +29,11 @@ class Config(EvalOptions):
     """results JSON file (per-episode records and summary); default: print only"""
     trace: Path | None = None
     """ckpt: write each episode's interpretability trace (Parquet + plots) into this directory"""
+    data: str | None = None
+    """udacity:DIR[,DIR...]: instead of episodes, score the ckpt: policy on every frame of these driving logs
+    (offline, drive/learn/recording.py); --out gets the JSON and beside it a .png of the steering over time"""
+    skip_bad_rows: bool = False
+    """--data: leave out and count rows naming a missing or corrupt image (default: an error naming the row)"""
 
 
 def print_table(results: dict, title: str) -> None:
@@ -44,7 +52,24 @@ def print_table(results: dict, title: str) -> None:
           f"{results['laps_finished']}/{results['n_episodes']} laps finished")  # fmt: skip
 
 
+def score_recordings(cfg: Config) -> int:
+    kind, path = parse_policy_spec(cfg.policy)
+    if kind != "ckpt":
+        raise UserError(f"--data scores a trained controller: give --policy ckpt:PATH, not {cfg.policy!r}")
+    results, scored = recording.evaluate_recordings(path, cfg.data or "", n_samples=cfg.samples, seed=cfg.seed,
+                                                    skip_bad=cfg.skip_bad_rows, progress=cfg.progress)  # fmt: skip
+    print(recording.describe(results))
+    if cfg.out is not None:
+        plot = recording.plot_recording(scored, Path(cfg.out).with_suffix(".png"), f"{path} on {cfg.data}")
+        results["plot"] = str(plot)
+        atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
+        print(f"wrote {cfg.out} and {plot}")
+    return 0
+
+
 def run(cfg: Config) -> int:
+    if cfg.data is not None:
+        return score_recordings(cfg)
     observers = None if cfg.trace is None else functools.partial(trace_observer, cfg.trace)
     results = evaluate(cfg, observers)
     print_table(results, f"{cfg.policy} on {cfg.env}, seeds {cfg.seeds}")

@@ -25,6 +25,7 @@ from datasets.udacity import preprocess
 from drive.checkpoint import CheckpointError, load_controller
 from drive.errors import UserError
 from drive.loop.rollout import PolicyOutput, RoadStep, SpeedStep, StepPrediction
+from sim_bridges.udacity_transport import SERVERS, TransportError, import_eventlet
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,18 @@ class SteeringPolicy:
         throttle, target, gated = self.speed(v, steering, epistemic_std=epi, total_std=math.hypot(ale, epi))
         return PolicyOutput(np.array([steering, throttle], np.float32), prediction=pred,
                             latency_ms=1e3 * (time.perf_counter() - t0), speed=SpeedStep(v, target, gated))  # fmt: skip
+
+
+def checked_server(kind: str) -> str:
+    """The bridge's server name, refused in one line if unknown or not installed (eventlet is optional)."""
+    try:
+        if kind == "eventlet":
+            import_eventlet()
+        elif kind not in SERVERS:
+            raise TransportError(f"unknown server {kind!r}; choose one of {', '.join(SERVERS)}")
+    except TransportError as exc:
+        raise UserError(str(exc)) from None
+    return kind
 
 
 def make_policy(spec: str, speed: SpeedConfig, n_samples: int = 16, seed: int = 0) -> VisionPolicy | SteeringPolicy:

@@ -313,18 +313,47 @@ def test_augment_decodes_only_the_camera_it_uses(frames):
 
 # -- the training task ----------------------------------------------------------------------------------------------
 def test_block_split_is_contiguous_disjoint_and_gapped():
-    from drive.learn.tasks.udacity import block_split
+    from datasets.udacity_laps import block_split
 
-    split = block_split(1500, 10, (2, 7), (9,), gap=10)
+    t = np.arange(1500) * 0.1  # 10 Hz, no gap
+    split = block_split(t, 10, (2, 7), (9,), gap_s=1.0)
     np.testing.assert_array_equal(split["test"], np.r_[300:450, 1050:1200])
     np.testing.assert_array_equal(split["val"], np.arange(1350, 1500))
     held = np.r_[split["test"], split["val"]]
     assert not set(split["train"]) & set(held)
-    distance = np.abs(split["train"][:, None] - held[None]).min(1)
-    assert distance.min() == 11  # nothing within 10 frames of a held-out frame
+    distance = np.abs(t[split["train"]][:, None] - t[held][None]).min(1)
+    assert distance.min() > 1.0  # nothing within 1 s of a held-out frame
     assert len(split["train"]) == 1500 - 450 - 50  # 10 dropped each side of 2 inner test blocks, 1 side of val
-    uneven = block_split(103, 10, (0,), (5,), gap=0)
+    uneven = block_split(np.arange(103) * 0.1, 10, (0,), (5,), gap_s=0)
     assert sum(map(len, uneven.values())) == 103 and set(map(len, (uneven["test"], uneven["val"]))) <= {10, 11}
+
+
+def test_block_split_respects_a_gap_in_time():
+    """The lake log's withheld laps: blocks are cut on active time, and no frame is 'near' across the gap."""
+    from datasets.udacity_laps import active_time, block_split, segments
+
+    t = np.r_[np.arange(500) * 0.1, 120.0 + np.arange(500) * 0.1]  # 50 s, a 70 s gap, 50 s
+    assert list(np.bincount(segments(t))) == [500, 500] and active_time(t)[-1] == pytest.approx(99.9)
+    split = block_split(t, 10, (5,), (9,), gap_s=1.0)  # block 5 starts right after the gap
+    np.testing.assert_array_equal(split["test"], np.arange(500, 600))
+    assert 499 in split["train"]  # 70 s before the first test frame in time, in another segment: kept
+
+
+def test_blocks_of_the_lake_log_never_leak(shared_data):
+    from datasets.udacity_laps import block_split, frame_times, segments
+
+    log = read_log(shared_data / "udacity_lake")
+    t = frame_times(log.center)
+    assert t[1558] - t[1557] > 70 and list(np.bincount(segments(t))) == [1558, 1495]  # PROVENANCE.md: the gap
+    split = block_split(t, 10, (2, 7), (9,), gap_s=1.0)
+    train, held = split["train"], np.r_[split["test"], split["val"]]
+    seg = segments(t)
+    for h in held[::7]:
+        same = train[seg[train] == seg[h]]
+        assert np.abs(t[same] - t[h]).min() > 1.0  # no training frame within 1 s of a held-out one
+    for part in ("test", "val"):
+        rows = split[part]
+        assert np.all(np.diff(t[rows])[np.diff(rows) == 1] < 1.0)  # whole stretches of driving, in time order
 
 
 @pytest.mark.parametrize(
@@ -332,18 +361,61 @@ def test_block_split_is_contiguous_disjoint_and_gapped():
     [((10, (2,), (2,), 0), "overlap"), ((10, (10,), (1,), 0), "outside"), ((2, (0,), (1,), 0), "training block")],
 )
 def test_block_split_rejects_bad_blocks(args, message):
-    from drive.learn.tasks.udacity import block_split
+    from datasets.udacity_laps import block_split
 
     with pytest.raises(ValueError, match=message):
-        block_split(100, *args)
+        block_split(np.arange(100) * 0.1, *args)
+
+
+def test_random_split_is_the_papers_and_disjoint():
+    from datasets.udacity_laps import random_split
+
+    split = random_split(1000, 0.1, 0.1, seed=0)
+    assert (len(split["test"]), len(split["val"]), len(split["train"])) == (100, 100, 800)
+    assert len(np.unique(np.concatenate(list(split.values())))) == 1000
+    assert np.array_equal(random_split(1000, 0.1, 0.1, seed=0)["test"], split["test"])
+
+
+def test_label_smoothing_keeps_the_mean_spreads_spikes_and_stops_at_gaps():
+    from datasets.udacity_laps import smooth_labels
+
+    t = np.r_[np.arange(100) * 0.1, 60 + np.arange(100) * 0.1]
+    y = np.zeros(200)
+    y[50] = 1.0  # a one-frame keyboard tap
+    y[100:] = 0.5  # after the gap: a held key
+    s = smooth_labels(y, t, sigma_s=0.2)
+    assert s[50] < 0.5 and s[49] > 0 and s[51] > 0 and s[50 + 7] == 0  # spread over +-3 sigma (0.6 s), not beyond
+    assert s[:100].sum() == pytest.approx(1.0, rel=1e-3)  # mass kept inside the segment (float edges of 3 sigma)
+    np.testing.assert_allclose(s[100:], 0.5)  # renormalised at the segment edge: nothing leaks across the gap
+    d = t[:100, None] - t[None, :100]
+    w = np.exp(-0.5 * (d / 0.2) ** 2) * (np.abs(d) <= 3 * 0.2)
+    np.testing.assert_allclose(s[:100], w[:, 50] / w.sum(1), atol=1e-12)  # a normalised Gaussian filter, by hand
+    np.testing.assert_array_equal(smooth_labels(y, t, 0.0), y)
+
+
+def test_frame_times_from_image_names():
+    from datasets.udacity_laps import frame_times
+
+    log = read_log(FIXTURES)
+    np.testing.assert_allclose(frame_times(log.center), [0.0, 0.107, 0.212], atol=1e-9)
+    np.testing.assert_allclose(frame_times(["a.jpg", "b.jpg"]), [0.0, 0.1])  # no stamp: 10 Hz by row
+
+
+def _recording(log, smooth=0.0):
+    from datasets.udacity_laps import frame_times, smooth_labels
+    from drive.learn.tasks.udacity import Recording
+
+    t = frame_times(log.center)
+    return Recording(log, log.steering, smooth_labels(log.steering, t, smooth), t)
 
 
 def test_training_frames_are_deterministic_per_seed_and_epoch():
     from drive.learn.tasks.udacity import UdacityFrames
 
     log = read_log(FIXTURES)
-    a = UdacityFrames(log, np.arange(3), AugmentConfig(p_augment=1.0), seed=3)
-    b = UdacityFrames(log, np.arange(3), AugmentConfig(p_augment=1.0), seed=3)
+    rows = np.stack([np.zeros(3, int), np.arange(3)], 1)
+    a = UdacityFrames([_recording(log)], rows, AugmentConfig(p_augment=1.0), seed=3)
+    b = UdacityFrames([_recording(log)], rows, AugmentConfig(p_augment=1.0), seed=3)
     a.set_epoch(1)
     b.set_epoch(1)
     first = [a[i] for i in range(3)]
@@ -353,9 +425,24 @@ def test_training_frames_are_deterministic_per_seed_and_epoch():
     assert any(not torch.equal(a[i][1], first[i][1]) for i in range(3))
     x, y = first[0]
     assert x.shape == (3, 66, 200) and x.dtype == torch.uint8 and y.shape == (1,)
-    plain = UdacityFrames(log, np.arange(3))
+    plain = UdacityFrames([_recording(log)], rows)
     np.testing.assert_array_equal(plain.tensors[0][1].numpy(), preprocess(load_frame(log.center[1])))
     np.testing.assert_allclose(plain.tensors[1][:, 0].numpy(), STEERING, rtol=1e-6)
+
+
+def test_smoothed_labels_train_and_raw_labels_evaluate():
+    from drive.learn.tasks.udacity import UdacityFrames
+
+    log = read_log(FIXTURES)
+    rec = _recording(log, smooth=0.1)
+    rows = np.stack([np.zeros(3, int), np.arange(3)], 1)
+    train = UdacityFrames([rec], rows, AugmentConfig(p_augment=0.0))
+    held = UdacityFrames([rec], rows)
+    np.testing.assert_allclose(train.targets[:, 0].numpy(), rec.labels, rtol=1e-6)
+    np.testing.assert_allclose(held.targets[:, 0].numpy(), STEERING, rtol=1e-6)
+    assert not np.allclose(rec.labels, STEERING)
+    assert torch.equal(train[1][0], held[1][0])  # p_augment 0: the center frame as recorded
+    np.testing.assert_allclose(train[1][1].numpy(), rec.labels[1:2], rtol=1e-6)
 
 
 def _task(shared_data, **options):
@@ -366,20 +453,25 @@ def _task(shared_data, **options):
 
 def test_task_builds_on_the_real_recording(shared_data):
     from agents.gmle import GMLEConfig
-    data = _task(shared_data, max_rows="200", gap="3")
+
+    data = _task(shared_data, max_rows="200", gap_s="0.3")
     assert data.encoder.kind == "nvidia" and data.out_dim == 1 and data.target_names == ("steering",)
     split = data.fingerprint["split"]
-    assert (split["n_train"], split["n_val"], split["n_test"]) == (200 - 60 - 3 * 4 - 3, 20, 40)
+    assert split["n_val"] + split["n_test"] == 60 and split["n_train"] < 140 - 4 * 2
     assert data.fingerprint["n_rows"] == 1500 and len(data.fingerprint["log_sha256"]) == 64
+    log = read_log(shared_data / "udacity_sim")
+    assert data.fingerprint["train_mean_steering"] == pytest.approx(data.train.targets.mean().item(), abs=1e-6)
+    assert abs(data.fingerprint["train_mean_steering"] - log.steering[:200].mean()) < 0.1
     x, y = data.val.tensors
-    assert x.shape == (20, 3, 66, 200) and x.dtype == torch.uint8 and y.shape == (20, 1)
+    assert x.shape == (split["n_val"], 3, 66, 200) and x.dtype == torch.uint8 and y.shape == (split["n_val"], 1)
     torch.manual_seed(0)
     model = GMLEConfig(encoder=data.encoder, out_dim=1).build()
     result = data.evaluate(model)["test"]
-    assert result["n_frames"] == 40
+    assert result["n_frames"] == split["n_test"]
     blocks = result["per_block"]
-    assert sorted(blocks) == ["2", "7"] and blocks["2"]["n_frames"] == blocks["7"]["n_frames"] == 20
-    assert result["mse"] == pytest.approx((blocks["2"]["mse"] + blocks["7"]["mse"]) / 2, rel=1e-6)
+    assert sorted(blocks) == ["2", "7"] and sum(b["n_frames"] for b in blocks.values()) == split["n_test"]
+    pooled = sum(b["mse"] * b["n_frames"] for b in blocks.values()) / split["n_test"]
+    assert result["mse"] == pytest.approx(pooled, rel=1e-6)
     for key in ("mse", "nll", "crps", "ece", "mse_train_mean"):
         assert np.isfinite(result[key])
 
@@ -393,6 +485,55 @@ def test_task_rejects_bad_options(shared_data, tmp_path):
         _task(shared_data, test_blocks="two")
     with pytest.raises(ValueError, match="does not exist"):
         tasks.load("udacity", tasks.options("udacity", {}), tmp_path / "missing", 0)
+    with pytest.raises(ValueError, match="does not exist"):
+        tasks.load("udacity", tasks.options("udacity", {}), Path(f"{shared_data / 'udacity_sim'},{tmp_path / 'x'}"), 0)
+    with pytest.raises(ValueError, match="smooth_s"):
+        _task(shared_data, smooth_s="-1")
+
+
+def test_several_recordings_train_together_and_report_apart(shared_data):
+    from drive.learn import tasks
+
+    both = Path(f"{shared_data / 'udacity_lake'},{shared_data / 'udacity_sim'}")
+    opts = {"max_rows": "200", "gap_s": "0.3"}
+    data = tasks.load("udacity", tasks.options("udacity", opts), both, 0)
+    assert [r["n_rows"] for r in data.fingerprint["recordings"]] == [3053, 1500]
+    assert set(data.test.index[:, 0]) == {0, 1} and set(data.train.index[:, 0]) == {0, 1}
+    first = tasks.load("udacity", tasks.options("udacity", {**opts, "holdout": "first"}), both, 0)
+    assert set(first.test.index[:, 0]) == set(first.val.index[:, 0]) == {0}  # lake laps held out, mountain trains
+    assert (first.train.index[:, 0] == 1).sum() == 200
+    alone = tasks.load("udacity", tasks.options("udacity", opts), shared_data / "udacity_lake", 0)
+    assert np.array_equal(first.test.index[:, 1], alone.test.index[:, 1])  # adding a recording changes only training
+    from agents.gmle import GMLEConfig
+
+    torch.manual_seed(0)
+    model = GMLEConfig(encoder=data.encoder, out_dim=1).build()
+    result = data.evaluate(model)
+    assert sorted(result["tests"]) == ["udacity_lake", "udacity_sim"]
+    assert sum(r["n_frames"] for r in result["tests"].values()) == result["test"]["n_frames"]
+    assert all(":" in key for key in result["test"]["per_block"])
+
+
+def test_read_log_skips_rows_naming_missing_images_when_asked(tmp_path):
+    shutil.copytree(FIXTURES / "IMG", tmp_path / "IMG")
+    (tmp_path / "IMG" / "center_2024_01_31_22_07_12_679.jpg").unlink()
+    shutil.copy(FIXTURES / "driving_log.csv", tmp_path / "driving_log.csv")
+    with pytest.raises(UdacityLogError, match=r"driving_log.csv:2: center image 'center_2024_01_31_22_07_12_679"):
+        read_log(tmp_path)
+    log = read_log(tmp_path, skip_bad=True)
+    assert len(log) == 2 and list(log.line) == [1, 3] and len(log.skipped) == 1 and ":2:" in log.skipped[0]
+
+
+def test_corrupt_jpeg_names_the_row(tmp_path):
+    from datasets.udacity import load_row_frame
+
+    shutil.copytree(FIXTURES / "IMG", tmp_path / "IMG")
+    shutil.copy(FIXTURES / "header_relative.csv", tmp_path / "driving_log.csv")
+    (tmp_path / "IMG" / "center_2024_01_31_22_07_12_784.jpg").write_bytes(b"\xff\xd8\xff truncated")
+    log = read_log(tmp_path)
+    assert load_row_frame(log, 1).shape == (160, 320, 3)
+    with pytest.raises(UdacityLogError, match=r"driving_log.csv:4: center image 'center_2024_01_31_22_07_12_784.jpg'"):
+        load_row_frame(log, 2)
 
 
 def test_drive_train_on_the_real_recording(shared_data, tmp_path):
@@ -404,7 +545,7 @@ def test_drive_train_on_the_real_recording(shared_data, tmp_path):
     out = tmp_path / "run"
     argv = ["train", "--controller", "gmle", "--data", f"udacity:{shared_data / 'udacity_sim'}", "--out", str(out),
             "--epochs", "1", "--batch-size", "32", "--no-progress",
-            "--set", "task.max_rows=160", "task.gap=2", "encoder.d_model=8", "n_heads=2",
+            "--set", "task.max_rows=160", "task.gap_s=0.2", "encoder.d_model=8", "n_heads=2",
             "trainer.tensorboard=false"]  # fmt: skip
     assert main(argv) == 0
     report = json.loads((out / "metrics.json").read_text())

@@ -7,8 +7,10 @@ server we ship), JSON, base64, JPEG decode and validation, `datasets.udacity.pre
 `predict(x, S)` and the speed controller, the answer's encoding. Run twice: with one answer chain (the pure round
 trip) and with the simulator's two chains (each frame may also wait behind the other chain's frame). The
 controller alone (preprocess + predict, in-process) is timed too. Target: single-chain p95 < 30 ms with S = 16.
-Default controller: an untrained NSAC from agents.registry with the nvidia encoder (its latency is that of a
-trained one); `--checkpoint` for a trained one.
+Default controller: the shipped checkpoints/udacity_nsac.pt; `--checkpoint ''` measures an untrained NSAC from
+agents.registry with the nvidia encoder (its latency is that of a trained one).
+`--server threading|eventlet|both` (default both): the bridge's two servers (sim_bridges/udacity_transport.py), run
+one after the other on the same frames, with their ratio; the faster one at p95 is the bridge's default.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -28,10 +31,13 @@ from agents.encoders import EncoderConfig
 from agents.registry import CONTROLLERS, build_controller
 from datasets.root import REPO, data_root
 from drive.checkpoint import load_controller
+from drive.errors import UserError
 from drive.loop.udacity import SpeedConfig, SpeedController, SteeringPolicy
 from sim_bridges.udacity import UdacityEnv
 from sim_bridges.udacity_protocol import decode_jpeg
+from sim_bridges.udacity_server import DEFAULT_SERVER
 from sim_bridges.udacity_sources import read_driving_log
+from sim_bridges.udacity_transport import TransportError, import_eventlet
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class Config:
     """write the results as JSON here"""
     seed: int = 0
     """seed of the model's initialisation and sampling"""
+    server: Literal["threading", "eventlet", "both"] = "both"
+    """the bridge's server(s) to measure (eventlet: optional, pip install eventlet==0.41.3)"""
 
 
 def _data_dir(cfg: Config) -> Path:
@@ -80,8 +88,8 @@ def _pct(ms: list[float]) -> dict[str, float]:
             "mean_ms": float(a.mean())}  # fmt: skip
 
 
-def _round_trips(cfg: Config, policy, data: Path, single_chain: bool) -> dict:
-    env = UdacityEnv(port=0, timeout_s=3.0, connect_timeout_s=30.0)
+def _round_trips(cfg: Config, policy, data: Path, single_chain: bool, server: str) -> dict:
+    env = UdacityEnv(port=0, timeout_s=3.0, connect_timeout_s=30.0, kind=server)
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "standin.json"
         cmd = [sys.executable, "-m", "drive", "udacity", "standin", "--replay", str(data), "--json", str(report_path),
@@ -110,9 +118,35 @@ def _round_trips(cfg: Config, policy, data: Path, single_chain: bool) -> dict:
             "refused": stats["refused"], "coalesced": stats.get("coalesced", 0)}  # fmt: skip
 
 
+def _print(console, results: dict) -> None:
+    from rich.table import Table
+
+    table = Table("what", "n", "p50 ms", "p95 ms", "mean ms")
+    rows = [("controller alone (preprocess + predict)", results["controller_alone"])]
+    for server, r in results["servers"].items():
+        rows += [(f"{server}: round trip, one chain", r["single_chain"]["round_trip"]),
+                 (f"{server}:   controller inside it", r["single_chain"]["controller_in_loop"]),
+                 (f"{server}: round trip, two chains", r["two_chains"]["round_trip"])]  # fmt: skip
+    for label, r in rows:
+        table.add_row(label, str(r["n"]), f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", f"{r['mean_ms']:.2f}")
+    console.print(table)
+    p95 = {s: r["single_chain"]["round_trip"]["p95_ms"] for s, r in results["servers"].items()}
+    for server, r in results["servers"].items():
+        verdict = "meets" if p95[server] < 30 else "MISSES"
+        counts = ", ".join(f"{k}: {r[k]['sent']} sent, {r[k]['answers']} answered, {r[k]['rejected']} rejected, "
+                           f"{r[k]['refused']} refused" for k in ("single_chain", "two_chains"))  # fmt: skip
+        console.print(f"{server}: single-chain round trip p95 {p95[server]:.1f} ms {verdict} the 30 ms target")
+        console.print(f"  {counts}")
+    if len(p95) == 2:
+        best = min(p95, key=p95.get)
+        results["faster_server"] = best
+        results["p95_ratio_eventlet_to_threading"] = p95["eventlet"] / p95["threading"]
+        console.print(f"p95 eventlet / threading = {results['p95_ratio_eventlet_to_threading']:.2f}: {best} is faster"
+                      f"; the bridge's default is {results['default_server']}")  # fmt: skip
+
+
 def run(cfg: Config) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     torch.set_num_threads(cfg.threads)
     data = _data_dir(cfg)
@@ -128,26 +162,21 @@ def run(cfg: Config) -> int:
         policy.predict(rgb)
         if i >= cfg.warmup:
             alone.append(1e3 * (time.perf_counter() - t0))
+    servers = ["threading", "eventlet"] if cfg.server == "both" else [cfg.server]
+    if "eventlet" in servers:
+        try:
+            import_eventlet()
+        except TransportError as exc:
+            raise UserError(str(exc)) from None
     results = {"controller": name, "n_samples": cfg.n_samples, "threads": cfg.threads, "controller_alone": _pct(alone),
-               "server": "python-socketio threading (simple-websocket, werkzeug)"}  # fmt: skip
-    with console.status("round trips, one chain ..."):
-        results["single_chain"] = _round_trips(cfg, policy, data, single_chain=True)
-    with console.status("round trips, two chains (as the simulator) ..."):
-        results["two_chains"] = _round_trips(cfg, policy, data, single_chain=False)
-    table = Table("what", "n", "p50 ms", "p95 ms", "mean ms")
-    for label, r in (("controller alone (preprocess + predict)", results["controller_alone"]),
-                     ("round trip, one chain", results["single_chain"]["round_trip"]),
-                     ("  controller inside it", results["single_chain"]["controller_in_loop"]),
-                     ("round trip, two chains", results["two_chains"]["round_trip"])):  # fmt: skip
-        table.add_row(label, str(r["n"]), f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", f"{r['mean_ms']:.2f}")
-    console.print(table)
-    p95 = results["single_chain"]["round_trip"]["p95_ms"]
-    verdict = "meets" if p95 < 30 else "MISSES"
-    console.print(f"single-chain round trip p95 {p95:.1f} ms: {verdict} the 30 ms target")
-    for key in ("single_chain", "two_chains"):
-        r = results[key]
-        counts = f"{r['sent']} sent, {r['answers']} answered, {r['rejected']} rejected, {r['refused']} refused"
-        console.print(f"{key}: {counts}")
+               "servers": {}, "default_server": DEFAULT_SERVER}  # fmt: skip
+    for server in servers:
+        runs = results["servers"][server] = {}
+        with console.status(f"{server}: round trips, one chain ..."):
+            runs["single_chain"] = _round_trips(cfg, policy, data, True, server)
+        with console.status(f"{server}: round trips, two chains (as the simulator) ..."):
+            runs["two_chains"] = _round_trips(cfg, policy, data, False, server)
+    _print(console, results)
     if cfg.out:
         Path(cfg.out).write_text(json.dumps(results, indent=2))
     return 0

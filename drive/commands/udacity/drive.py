@@ -22,9 +22,10 @@ from gymnasium.wrappers import TimeLimit
 from tqdm import tqdm
 
 from drive.loop.rollout import rollout
-from drive.loop.udacity import SpeedConfig, make_policy
+from drive.loop.udacity import SpeedConfig, checked_server, make_policy
 from drive.observe.udacity import Overlay, StepLog, StopDriving
 from sim_bridges.udacity import UdacityEnv
+from sim_bridges.udacity_server import DEFAULT_SERVER
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Config(SpeedConfig):
     """seconds to wait for the simulator to connect and send its first frame"""
     ping_interval_s: float = 25.0
     """engine.io ping interval of the server (the simulator's own is 25 s)"""
+    server: Literal["threading", "eventlet"] = DEFAULT_SERVER  # type: ignore[assignment]
+    """the bridge's server: threading (werkzeug) or eventlet (optional: pip install eventlet==0.41.3); the default is
+    the one `drive bench udacity` measured faster"""
     display: Literal["auto", "window", "video", "none"] = "auto"
     """overlay: a window, an mp4 in the run directory, or none (auto: window when a display exists)"""
     run_dir: str = ""
@@ -65,7 +69,7 @@ def run(cfg: Config) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     env = UdacityEnv(cfg.host, cfg.port, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-                     ping_interval=cfg.ping_interval_s)  # fmt: skip
+                     ping_interval=cfg.ping_interval_s, kind=checked_server(cfg.server))  # fmt: skip
     print(f"listening on ws://{cfg.host}:{env.server.port}/socket.io/ -- start the simulator in Autonomous Mode")
     print(f"logging to {run_dir}", flush=True)
     steps, bar = StepLog(run_dir), tqdm(desc="frames", unit="frame", mininterval=1.0)

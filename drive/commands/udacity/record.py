@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from tqdm import tqdm
 
-from drive.loop.udacity import SpeedConfig, make_policy
+from drive.loop.udacity import SpeedConfig, checked_server, make_policy
 from drive.observe.driving_log import DrivingLogWriter
 from sim_bridges.udacity import UdacityServer
+from sim_bridges.udacity_server import DEFAULT_SERVER
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class Config:
     """stop when no frame comes for this long (0 = wait forever)"""
     ping_interval_s: float = 25.0
     """engine.io ping interval of the server (the simulator's own is 25 s)"""
+    server: Literal["threading", "eventlet"] = DEFAULT_SERVER  # type: ignore[assignment]
+    """the bridge's server: threading (werkzeug) or eventlet (optional: pip install eventlet==0.41.3); the default is
+    the one `drive bench udacity` measured faster"""
 
 
 def run(cfg: Config) -> int:
@@ -55,7 +60,7 @@ def run(cfg: Config) -> int:
         policy = make_policy(cfg.policy, SpeedConfig(target_speed_mph=cfg.target_speed_mph))
         policy.reset()
     writer = DrivingLogWriter(cfg.out)
-    server = UdacityServer(cfg.host, cfg.port, ping_interval=cfg.ping_interval_s)
+    server = UdacityServer(cfg.host, cfg.port, ping_interval=cfg.ping_interval_s, kind=checked_server(cfg.server))
     print(f"listening on ws://{cfg.host}:{server.port}/socket.io/ -- recording into {writer.dir}", flush=True)
     bar = tqdm(desc="recorded", unit="frame", mininterval=1.0)
     timeout = cfg.connect_timeout_s

@@ -128,7 +128,8 @@ def options(name: str, overrides: dict[str, str]) -> Any:
 
 def load(name: str, opts: Any, data: Path | None, seed: int = 0) -> TaskData:
     mod = module(name)
-    if mod.DATA and data is not None and not data.exists():
+    paths = mod.data_paths(data) if data is not None and hasattr(mod, "data_paths") else [data]  # udacity:A,B
+    if mod.DATA and data is not None and not all(p.exists() for p in paths):
         raise UserError(f"task {name!r}: data path {data} does not exist")
     built = mod.build(opts, data, seed)
     if not isinstance(built, TaskData):
