@@ -320,22 +320,28 @@ def test_controller_moments_internals_and_defaults():
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("form", ["anchored", "paper"])
-def test_loss_is_the_nll_of_the_mean_plus_the_documented_regulariser(form):
-    model = _controller(out_dim=1, n_passes=3, reg_weight=0.5, reg_form=form)
+@pytest.mark.parametrize(("form", "pairs"), [("anchored", True), ("paper", False), ("anchored", False)])
+def test_loss_is_the_nll_of_the_mean_plus_the_documented_regulariser(form, pairs):
+    model = _controller(out_dim=1, n_passes=3, reg_weight=0.5, reg_form=form, reg_pairs=pairs)
     x, y = torch.randn(16, 6, 3), torch.randn(16, 1)
     torch.manual_seed(3)
     loss = model.loss(x, y)
     parts = model.last_loss
+    # replay the same draws: clean passes, the surrogate, its passes
+    torch.manual_seed(3)
+    tokens, normed = model._encode(x)
+    mu, var = model._attend(x, tokens, normed, 3, None)
+    x_ood = model.ood_inputs(x)
+    mu_ood, _ = model._attend(x_ood, *model._encode(x_ood), 3, None)
+    epi_id, epi_ood = mu.var(0, unbiased=False).mean(-1), mu_ood.var(0, unbiased=False).mean(-1)  # (B,)
+    if not pairs:
+        epi_id, epi_ood = epi_id.mean(), epi_ood.mean()
     eps = model.cfg.reg_eps
-    reg = math.log1p((parts["epi_id"] + (eps if form == "anchored" else 0.0)) / (parts["epi_ood"] + eps))
+    reg = torch.log1p((epi_id + (eps if form == "anchored" else 0.0)) / (epi_ood + eps)).mean().item()
     assert parts["reg"] == pytest.approx(reg, rel=1e-5)
     assert loss.item() == pytest.approx(parts["nll"] + 0.5 * reg, rel=1e-5)
     assert parts["epi_id"] > 0 and parts["epi_ood"] > 0  # N >= 2 passes: the regulariser is alive
     # the NLL is that of the passes' mean prediction (population variance over the passes, as the authors)
-    torch.manual_seed(3)
-    tokens, normed = model._encode(x)
-    mu, var = model._attend(x, tokens, normed, 3, None)
     y_std = model._standardise(y)
     m, v = mu.mean(0), (var + model.cfg.var_eps).mean(0)
     nll = (0.5 * torch.log(2 * math.pi * v) + (y_std - m) ** 2 / (2 * v)).mean()
@@ -357,18 +363,40 @@ def test_ood_surrogate_is_per_head_and_relative_to_each_heads_features():
     torch.testing.assert_close(ratio, torch.full((4,), 0.5), atol=0.02, rtol=0)
 
 
+def test_input_surrogate_is_pixel_noise_or_a_gain_and_offset_per_frame():
+    model = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2).build()
+    x = torch.randint(0, 256, (400, 4, 12, 12), dtype=torch.uint8)
+    torch.manual_seed(0)
+    xf = x.float()
+    diff = (model.ood_inputs(x) - xf).flatten(2)  # (B, frames, pixels)
+    # per frame, an affine map of the frame leaves no residual; pixel noise leaves std 0.3 x the input std
+    design = torch.stack([xf.flatten(2), torch.ones_like(xf.flatten(2))], -1)  # (B, F, P, 2)
+    coef = torch.linalg.lstsq(design, diff.unsqueeze(-1)).solution
+    residual = (diff.unsqueeze(-1) - design @ coef).squeeze(-1).std(-1).mean(-1)  # (B,)
+    affine = residual < 1.0
+    assert 0.4 < affine.float().mean() < 0.6
+    assert residual[~affine].mean() == pytest.approx(0.3 * xf.std().item(), rel=0.05)
+    gains = coef[affine][..., 0, 0] + 1  # (n_affine, frames)
+    assert gains.mean() == pytest.approx(1.0, abs=0.05) and gains.std() == pytest.approx(0.5, rel=0.1)
+
+
 def test_tiny_overfit_lowers_the_loss_and_state_dict_round_trip():
     model = _controller(out_dim=1)
     x = torch.randn(32, 6, 3)
     y = x[:, :, 0].mean(1, keepdim=True) * 2
-    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    opt = torch.optim.Adam(model.parameters(), 5e-3)
     torch.manual_seed(1)
-    first = model.loss(x, y).item()
-    for _ in range(60):
+
+    def mean_loss():  # the loss is stochastic (passes, surrogate): its mean over a few draws
+        with torch.no_grad():
+            return sum(model.loss(x, y).item() for _ in range(8)) / 8
+
+    first = mean_loss()
+    for _ in range(80):
         opt.zero_grad()
         model.loss(x, y).backward()
         opt.step()
-    assert model.loss(x, y).item() < first - 0.5
+    assert mean_loss() < first - 0.5
     clone = _controller(out_dim=1)
     clone.load_state_dict(model.state_dict())
     g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
