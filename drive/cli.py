@@ -47,6 +47,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "latency"): "Benchmark: per-step controller latency, S samples vs one pass.",
     ("bench", "udacity"): "Benchmark: Udacity telemetry -> steer round trip latency.",
     ("bench", "robustness"): "Benchmark: closed-loop return, coverage, epistemic variance against camera perturbation.",
+    ("bench", "dagger"): "Benchmark: uncertainty-gated vs plain DAgger, closed-loop return against expert labels.",
     ("bench", "render"): "Benchmark: the fast CarRacing renderer against the stock one, per frame.",
     ("bench", "scale"): "Benchmark: collection on 1, 2 Ray workers and training on 1, 2 DDP ranks, with ratios.",
     ("bench", "offline"): "Benchmark tables of the offline tasks (uci, forecast, spiral): every controller, seed.",

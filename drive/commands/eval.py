@@ -21,6 +21,7 @@ from drive.learn import recording
 from drive.loop.evaluate import EvalOptions, describe, evaluate
 from drive.loop.specs import parse_policy_spec
 from drive.observe.trace_recorder import trace_observer
+from drive.observe.uq_plots import plot_eval
 
 
 @dataclass(frozen=True)
@@ -78,4 +79,7 @@ def run(cfg: Config) -> int:
     if cfg.out is not None:
         atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
         print(f"wrote {cfg.out}")
+        figure = plot_eval(results, Path(cfg.out).with_suffix(".png"))
+        if figure is not None:
+            print(f"wrote {figure}")
     return 0

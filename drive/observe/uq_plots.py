@@ -80,3 +80,69 @@ def plot_robustness(table: Mapping[str, Sequence[Mapping[str, Any]]], path: Path
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def plot_eval(results: Mapping[str, Any], path: Path) -> Path | None:
+    """`drive eval` of a controller: failure prediction (AUROC and median lead per signal) and, with a fallback,
+    every seed's return with and without it. None when the results hold neither."""
+    reports = {k: v for k, v in results.items() if k.startswith("failure_prediction")}
+    has_fallback = "episodes_no_fallback" in results
+    if not reports and not has_fallback:
+        return None
+    plt = _pyplot()
+    n = (2 if reports else 0) + (1 if has_fallback else 0)
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 3.4), squeeze=False)
+    col = 0
+    if reports:
+        width = 0.8 / len(reports)
+        for i, (name, rep) in enumerate(sorted(reports.items())):
+            label = {"failure_prediction": "with fallback" if has_fallback else "controller",
+                     "failure_prediction_no_fallback": "without fallback"}.get(name, name)  # fmt: skip
+            signals = list(rep["signals"])
+            x = np.arange(len(signals)) + i * width
+            auc = [rep["signals"][s]["auroc"] or np.nan for s in signals]
+            lead = [rep["signals"][s].get("median_lead_steps") or np.nan for s in signals]
+            axes[0, 0].bar(x, auc, width, label=label)
+            axes[0, 1].bar(x, lead, width, label=label)
+        for ax, title in ((axes[0, 0], f"AUROC: event within {rep['horizon']} steps"),
+                          (axes[0, 1], "median lead: threshold crossing -> event (steps)")):  # fmt: skip
+            ax.set_xticks(
+                np.arange(len(signals)) + 0.4 - width / 2, [s.replace("_", "\n") for s in signals], fontsize=7
+            )
+            ax.set_title(title, fontsize=8)
+            ax.legend(fontsize=6)
+        axes[0, 0].axhline(0.5, color="0.5", ls=":", lw=1)
+        col = 2
+    if has_fallback:
+        ax = axes[0, col]
+        seeds = [r["seed"] for r in results["episodes"]]
+        ax.plot(seeds, [r["return"] for r in results["episodes"]], "o-", ms=3, label="with fallback")
+        ax.plot(seeds, [r["return"] for r in results["episodes_no_fallback"]], "s--", ms=3, label="without")
+        for r in results["episodes"]:
+            if r.get("n_interventions"):
+                ax.annotate(str(r["n_interventions"]), (r["seed"], r["return"]), fontsize=6, color="red")
+        ax.set_title("return per seed (red: interventions)", fontsize=8)
+        ax.set_xlabel("track seed", fontsize=7)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_dagger_curve(points: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Closed-loop return against expert labels used, one line per arm (plain / gated DAgger)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for arm in dict.fromkeys(p["arm"] for p in points):
+        pts = sorted((p["labels"], p["mean_return"], p.get("min_return", np.nan)) for p in points if p["arm"] == arm)
+        x, y, lo = np.array(pts, dtype=float).T
+        ax.plot(x, y, "o-", label=f"{arm}: mean return")
+        ax.plot(x, lo, "v:", alpha=0.6, label=f"{arm}: worst episode")
+    ax.set_xlabel("expert labels used (DAgger rounds)")
+    ax.set_ylabel("closed-loop return")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
