@@ -25,6 +25,8 @@ the finished runs, [{"dataset", "row", "seed", "metrics"}] -> {"tables": [{"titl
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -50,6 +52,9 @@ log = logging.getLogger(__name__)
 METRICS = ("mse", "rmse", "mae", "nll", "crps", "ece", "pit_w1", "coverage_90", "width_90")
 TIMES = {"train_s": "train_seconds", "infer_s": "eval_seconds"}
 NO_PROTOCOL = "default"
+# the controller code a cell ran (sha256 of agents/**/*.py), recorded in RUN/config.json: rows mixing versions say so
+AGENTS_SHA = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((Path(__file__).resolve().parents[2] / "agents")
+                                                                       .rglob("*.py")))).hexdigest()[:12]  # fmt: skip
 
 
 class Cell(NamedTuple):
@@ -200,9 +205,17 @@ def _train_cell(grid: Grid, cell: Cell) -> dict[str, Any]:
     t0 = time.perf_counter()
     request = TrainRequest(controller=cell.controller, out=cell.run_dir, task=grid.task, data=grid.data,
                            epochs=grid.epochs, seed=cell.seed, resume=state == "partial", overrides=cell.overrides,
-                           device=grid.device, progress=False, command=cell.command)  # fmt: skip
+                           device=grid.device, progress=False, command=cell.command,
+                           extra={"agents_sha": AGENTS_SHA})  # fmt: skip
     try:
-        train_and_evaluate(request)
+        try:
+            train_and_evaluate(request)
+        except UserError:  # an interrupted run of other controller code cannot resume: set aside, start afresh
+            if state != "partial":
+                raise
+            cell.run_dir.rename(cell.run_dir.with_name(f"{cell.run_dir.name}.stale-{int(time.time())}"))
+            log.warning("%s: could not resume (set aside as .stale-*), training afresh", cell.run_dir)
+            train_and_evaluate(dataclasses.replace(request, resume=False))
         return _record(cell, "trained", time.perf_counter() - t0)
     except (FloatingPointError, RuntimeError, ValueError) as exc:
         if isinstance(exc, UserError):
@@ -306,6 +319,9 @@ def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, pap
         for _, report, _ in found:
             for ref, values in report.get("references", {}).items():
                 references.setdefault(ref, []).append(values)
+        versions = {json.loads((c.run_dir / "config.json").read_text()).get("agents_sha") for c, _, _ in found}
+        if len(versions) > 1:
+            notes.append(f"{row}: runs of {len(versions)} versions of agents/ (retrain the older ones)")
         first = found[0][1]
         for note in (f"units: {first['units']}" if "units" in first else None,
                      f"data year: {first['year']}" if first.get("year") else None):  # fmt: skip
