@@ -104,6 +104,7 @@ class UdacityServer:
         _check_bindable(host, port)  # werkzeug would print to stderr and sys.exit(1) instead of raising
         self._transport = make_transport(kind, host, port, lambda: socketio.WSGIApp(self.sio))
         self.port = self._transport.port
+        self.address = tuple(self._transport.address)  # (host, port) the server's socket is bound to
         self._closed = False
         log.info("Udacity bridge (%s) listening on ws://%s:%d/socket.io/", kind, host, self.port)
 

@@ -83,6 +83,7 @@ class ThreadingTransport:
                 log.debug("http: " + message, *args)
 
         self._httpd = make_server(host, port, app_factory(), threaded=True, request_handler=_Quiet)
+        self.address = self._httpd.socket.getsockname()[:2]  # (host, port) actually bound
         self.port = int(self._httpd.server_port)
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="udacity-bridge")
         self._thread.daemon = True
@@ -114,7 +115,8 @@ class EventletTransport:
         self._thread = threading.Thread(target=self._main, args=(eventlet, host, port, app_factory),
                                         name="udacity-bridge-eventlet", daemon=True)  # fmt: skip
         self._thread.start()
-        self.port = int(self._ready.result(timeout=10))  # raises what binding raised (port in use, ...)
+        self.address = self._ready.result(timeout=10)  # (host, port) bound; raises what binding raised
+        self.port = int(self.address[1])
 
     def _main(self, eventlet, host: str, port: int, app_factory: Callable[[], Any]) -> None:
         try:
@@ -127,7 +129,7 @@ class EventletTransport:
             return
         server = eventlet.spawn(eventlet.wsgi.server, listener, app, log=_DebugLog(), log_output=False)
         wake = eventlet.greenio.GreenSocket(self._wake_r)
-        self._ready.set_result(listener.getsockname()[1])
+        self._ready.set_result(listener.getsockname()[:2])
         running = True
         while running:
             wake.recv(4096)  # cooperative: the hub serves connections while this waits

@@ -194,7 +194,7 @@ def test_server_binds_localhost_by_default():
     server = UdacityServer(port=0, **FAST_PINGS)
     try:
         assert server.host == "127.0.0.1"
-        assert server._httpd.socket.getsockname()[0] == "127.0.0.1"
+        assert server.address == ("127.0.0.1", server.port)
     finally:
         server.close()
 

@@ -38,7 +38,7 @@ def kind(request):
 def test_connectless_simulator_gets_one_answer_per_frame_malformed_included(kind, real_log):  # noqa: F811
     env = UdacityEnv(port=0, timeout_s=0.5, kind=kind, **FAST_PINGS)
     try:
-        assert env.server.kind == kind
+        assert env.server.kind == kind and env.server.address == ("127.0.0.1", env.server.port)
         with running(env, ReplaySource(real_log, limit=80, loop=True), max_telemetry=80, malformed_every=4) as st:
             steps = drive_until_done(env, st)
         stats = env.server.snapshot()
