@@ -95,7 +95,7 @@ def mean_width(lower, upper) -> Tensor:
 
 def width_at_coverage(cal: tuple, test: tuple, coverage: float = 0.95) -> MatchedWidth:
     """Conformal scale from cal = (mean, std, y); mean width and coverage of the rescaled intervals on test."""
-    scale = fit_conformal_scale(*cal, coverage)
+    scale = fit_conformal_scale(cal[0], cal[1], cal[2], coverage)
     mean, std, y = test
     lower, upper = gaussian_interval(mean, std, coverage, scale)
     return MatchedWidth(mean_width(lower, upper), coverage_of(lower, upper, y), scale)

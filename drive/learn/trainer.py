@@ -99,10 +99,10 @@ class FitResult(NamedTuple):
 
 # -- resume state ------------------------------------------------------------------------------------------------------
 def _rng_state() -> dict[str, Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
     return {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached": float(cached)},
         "python": random.getstate(),
     }  # fmt: skip
@@ -277,10 +277,10 @@ def _train_epoch(model, train, optimizer, scheduler, cfg: TrainerConfig, epoch: 
         total += loss.item() * len(y)
         count += len(y)
         bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
-    total, count = distributed.sum_over_ranks(total, count)
-    if count == 0:
+    total, n = distributed.sum_over_ranks(total, count)
+    if n == 0:
         raise ValueError("the training dataset is empty")
-    return total / count
+    return total / n
 
 
 def _save_checkpoint(path: Path, model, info: CheckpointInfo, row: dict[str, float]) -> None:

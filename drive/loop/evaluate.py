@@ -125,7 +125,7 @@ def _controller_variants(opts: EvalOptions, path: str) -> tuple[dict[str, Any], 
     shadow = default_shadow(opts.shadow, opts.env, path)
     options = {"samples": opts.samples, "shadow": shadow or "none", "seed": opts.seed}
     header: dict[str, Any] = {"shadow": shadow}
-    variants = [("", {**options, "fallback": "off"})]
+    variants: list[tuple[str, dict[str, Any]]] = [("", {**options, "fallback": "off"})]
     fb, threshold, origin = fallback_for_command(opts, path)
     if fb is not None:
         header["fallback"] = {"mode": fb.mode, "signal": fb.signal, "quantile": fb.quantile, "threshold": threshold,

@@ -152,7 +152,8 @@ def failure_report(episodes: Sequence[Mapping[str, Any]], thresholds: Mapping[st
     for j, name in enumerate(SIGNALS):
         row: dict[str, Any] = {"auroc": metrics.auroc(s[~y, j], s[y, j]) if 0 < y.sum() < len(y) else None}
         if thresholds is not None and name in thresholds:
-            leads, missed, false = [], 0, 0
+            leads: list[int] = []
+            missed = false = 0
             for ep in episodes:
                 alarm = np.asarray(ep["signals"])[:, j] > thresholds[name]
                 got = _lead_times(alarm, [e["t"] for e in ep["events"]], horizon)

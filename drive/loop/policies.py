@@ -109,7 +109,7 @@ class ControllerPolicy:
         if gate is not None and gate.cfg.mode == "expert" and shadow is None:
             raise ValueError("fallback mode 'expert' needs a shadow expert (it hands control to it)")
         self.model, self.coder = model.eval(), coder
-        self.n_samples = int(n_samples or getattr(model, "default_samples", 1))
+        self.n_samples = int(n_samples or int(getattr(model, "default_samples", 1)))
         if self.n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
         self.seed, self.shadow, self.gate, self.name = int(seed), shadow, gate, name

@@ -41,7 +41,7 @@ class VideoWriter:
         size = (frame.shape[1], frame.shape[0])
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = cv2.VideoWriter(str(self.tmp), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, size)
+            self._writer = cv2.VideoWriter(str(self.tmp), cv2.VideoWriter.fourcc(*"mp4v"), self.fps, size)
             if not self._writer.isOpened():
                 raise VideoError(f"{self.path}: cv2.VideoWriter could not open an mp4v stream of size {size}")
             self._size = size
@@ -75,7 +75,7 @@ def read_video(path: str | os.PathLike, max_frames: int | None = None) -> np.nda
     cap = cv2.VideoCapture(str(path))
     if not cap.isOpened():
         raise VideoError(f"{path}: cannot open video")
-    frames = []
+    frames: list[np.ndarray] = []
     try:
         while max_frames is None or len(frames) < max_frames:
             ok, frame = cap.read()
