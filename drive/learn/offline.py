@@ -2,13 +2,16 @@
 
     grid = make_grid("uci", protocol="gal", datasets=("boston",), controllers=("all",), seeds=3, out=Path(DIR))
     run_grid(grid)                    # trains the cells that have no metrics.json yet (progress bar with ETA)
-    results = aggregate(grid)         # the tables: mean / std over runs, the paper's numbers, the references
+    results = offline_results.aggregate(grid)   # the tables: mean / std over runs, the paper's numbers, references
 
 Each cell is one `drive.learn.experiment.train_and_evaluate` run in DIR/runs/<dataset>/<row>/seed<s>, identical to
 the `drive train` command recorded with it (`Cell.command`). The run directory with its metrics.json is the record:
 a killed grid rerun with the same arguments keeps every finished cell, resumes an interrupted one from its
 resume.pt, and trains the rest; a run directory written by another command (other overrides or epochs) is an error
 rather than a silent mix. A cell that fails (a diverged run) is recorded with its error and retried on the next run.
+Each cell records the sha of the agents/ code it ran (config.json "agents_sha"); an interrupted cell that cannot
+resume (the controller changed since) and, with `refresh=ROWS`, a finished cell of those rows that ran other code
+are set aside as RUN.stale-<time> and trained afresh. Several processes may share a grid (cells are locked).
 
 What a task module contributes (drive/learn/tasks/__init__.py documents the contract; all optional but Options):
 DATASETS / PROTOCOLS (the Options fields `dataset` / `protocol` select one; a task without them is one table),
@@ -29,7 +32,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import shlex
 import time
@@ -38,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -49,8 +50,6 @@ from drive.learn.experiment import TrainRequest, train_and_evaluate
 
 log = logging.getLogger(__name__)
 
-METRICS = ("mse", "rmse", "mae", "nll", "crps", "ece", "pit_w1", "coverage_90", "width_90")
-TIMES = {"train_s": "train_seconds", "infer_s": "eval_seconds"}
 NO_PROTOCOL = "default"
 # the controller code a cell ran (sha256 of agents/**/*.py), recorded in RUN/config.json: rows mixing versions say so
 AGENTS_SHA = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((Path(__file__).resolve().parents[2] / "agents")
@@ -80,6 +79,7 @@ class Grid:
     overrides: tuple[str, ...] = ()
     threads: int = 1
     device: str = "cpu"
+    refresh: tuple[str, ...] = ()  # rows whose finished cells are retrained when they ran other agents/ code
 
 
 def task_attr(task: str, name: str, default: Any = None) -> Any:
@@ -89,7 +89,7 @@ def task_attr(task: str, name: str, default: Any = None) -> Any:
 def make_grid(task: str, *, protocol: str | None = None, datasets: tuple[str, ...] = (),
               controllers: tuple[str, ...] = ("all",), seeds: int | None = None, out: Path,
               data: str | None = None, epochs: int | None = None, overrides: tuple[str, ...] = (),
-              threads: int = 1, device: str = "cpu") -> Grid:  # fmt: skip
+              threads: int = 1, device: str = "cpu", refresh: tuple[str, ...] = ()) -> Grid:  # fmt: skip
     """Check the options against the task's DATASETS / PROTOCOLS / CONTROLLERS and build the grid."""
     mod = tasks.module(task)
     protocols = getattr(mod, "PROTOCOLS", ())
@@ -114,7 +114,7 @@ def make_grid(task: str, *, protocol: str | None = None, datasets: tuple[str, ..
     if n < 1:
         raise UserError(f"--seeds {n}: need at least one run per cell")
     return Grid(task, protocol, names, rows, tuple(range(n)), Path(out), data, epochs, tuple(overrides), threads,
-                device)  # fmt: skip
+                device, tuple(rows if tuple(refresh) == ("all",) else refresh))  # fmt: skip
 
 
 def _rows(mod, task: str, controllers: tuple[str, ...]) -> tuple[str, ...]:
@@ -182,7 +182,11 @@ def run_grid(grid: Grid, progress: bool = True) -> list[dict[str, Any]]:
         torch.set_num_threads(grid.threads)
     todo, records = [], []
     for cell in cells(grid):
-        (records if cell_state(cell) == "done" else todo).append(cell)
+        done = cell_state(cell) == "done"
+        if done and cell.row in grid.refresh and _recorded(cell, "agents_sha") != AGENTS_SHA:
+            _set_aside(cell.run_dir, "ran other agents/ code (--refresh)")
+            done = False
+        (records if done else todo).append(cell)
     records = [_record(c, "done", 0.0) for c in records]
     bar = tqdm(todo, desc=f"bench offline {grid.task}", unit="cell", disable=not progress, dynamic_ncols=True)
     for cell in bar:
@@ -213,8 +217,7 @@ def _train_cell(grid: Grid, cell: Cell) -> dict[str, Any]:
         except UserError:  # an interrupted run of other controller code cannot resume: set aside, start afresh
             if state != "partial":
                 raise
-            cell.run_dir.rename(cell.run_dir.with_name(f"{cell.run_dir.name}.stale-{int(time.time())}"))
-            log.warning("%s: could not resume (set aside as .stale-*), training afresh", cell.run_dir)
+            _set_aside(cell.run_dir, "could not resume")
             train_and_evaluate(dataclasses.replace(request, resume=False))
         return _record(cell, "trained", time.perf_counter() - t0)
     except (FloatingPointError, RuntimeError, ValueError) as exc:
@@ -222,6 +225,17 @@ def _train_cell(grid: Grid, cell: Cell) -> dict[str, Any]:
             raise
         log.warning("%s failed: %s", cell.run_dir, exc)
         return _record(cell, "failed", time.perf_counter() - t0, traceback.format_exception_only(exc))
+
+
+def _recorded(cell: Cell, key: str) -> Any:
+    config = cell.run_dir / "config.json"
+    return json.loads(config.read_text()).get(key) if config.is_file() else None
+
+
+def _set_aside(run_dir: Path, why: str) -> None:
+    """Rename a run directory to RUN.stale-<time> (kept, never deleted) so the cell trains afresh."""
+    run_dir.rename(run_dir.with_name(f"{run_dir.name}.stale-{time.time_ns()}"))
+    log.warning("%s: %s; set aside as %s.stale-*, training afresh", run_dir, why, run_dir.name)
 
 
 def _lock(run_dir: Path) -> Path | None:
@@ -255,79 +269,3 @@ def _record(cell: Cell, status: str, seconds: float, error: list[str] | None = N
     return {"dataset": cell.dataset, "row": cell.row, "controller": cell.controller, "seed": cell.seed,
             "run_dir": str(cell.run_dir), "command": cell.command, "status": status, "seconds": seconds,
             **({"error": "".join(error).strip()} if error else {})}  # fmt: skip
-
-
-# -- aggregation -------------------------------------------------------------------------------------------------------
-def _stats(values: list[float]) -> dict[str, Any]:
-    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
-    if arr.size == 0:
-        return {"mean": None, "std": None, "n": 0}
-    std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
-    return {"mean": float(arr.mean()), "std": std, "n": int(arr.size)}
-
-
-def _reports(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The test sets of one run: "" -> metrics.json["test"], name -> metrics.json["tests"][name]."""
-    out = {"": metrics["test"]} if isinstance(metrics.get("test"), dict) else {}
-    out.update(metrics.get("tests", {}))
-    return out
-
-
-def aggregate(grid: Grid) -> dict[str, Any]:
-    """results.json's dict: one table per (dataset, test set) with mean / std over runs, paper, references."""
-    mod = tasks.module(grid.task)
-    paper = getattr(mod, "PAPER", {}).get(grid.protocol or NO_PROTOCOL, {})
-    grid_cells = cells(grid)
-    tables = []
-    for dataset in grid.datasets:
-        runs: dict[str, list[tuple[Cell, dict]]] = {}
-        for cell in grid_cells:
-            if cell.dataset == dataset and (cell.run_dir / "metrics.json").is_file():
-                runs.setdefault(cell.row, []).append((cell, json.loads((cell.run_dir / "metrics.json").read_text())))
-        names = list(dict.fromkeys(n for row in runs.values() for _, m in row for n in _reports(m)))
-        for name in names:
-            key = (dataset or grid.task) + (f"/{name}" if name else "")
-            tables.append(_table(grid, dataset, name, key, runs, paper.get(key, {})))
-    return {"task": grid.task, "protocol": grid.protocol, "datasets": list(grid.datasets), "rows": list(grid.rows),
-            "seeds": list(grid.seeds), "tables": tables, "paper_source": getattr(mod, "PAPER_SOURCES", {}).get(
-            grid.protocol or NO_PROTOCOL), "report_plots": list(getattr(mod, "REPORT_PLOTS", ("reliability", "pit"))),
-            "threads": grid.threads, "summary": _summary(mod, grid_cells)}  # fmt: skip
-
-
-def _summary(mod, grid_cells: list[Cell]) -> dict[str, Any] | None:
-    """The task's own summary of the finished runs (its `summary(runs)`: extra tables and the paper's claims)."""
-    if not hasattr(mod, "summary"):
-        return None
-    runs = [{"dataset": c.dataset, "row": c.row, "seed": c.seed, "metrics": json.loads((c.run_dir /
-             "metrics.json").read_text())} for c in grid_cells if (c.run_dir / "metrics.json").is_file()]  # fmt: skip
-    return mod.summary(runs)
-
-
-def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, paper: dict) -> dict[str, Any]:
-    rows, references, notes = [], {}, []
-    for row in grid.rows:
-        found = [(c, _reports(m)[name], m) for c, m in runs.get(row, []) if name in _reports(m)]
-        if not found:
-            continue
-        stats = {k: _stats([r.get(k) for _, r, _ in found]) for k in METRICS}
-        stats.update({k: _stats([m["fit"].get(v) for _, _, m in found]) for k, v in TIMES.items()})
-        extra = {k: [r[k] for _, r, _ in found] for k in ("beats_last_value",) if k in found[0][1]}
-        rows.append({"row": row, "controller": found[0][0].controller, "metrics": stats,
-                     "paper": paper.get(row, {}), "seeds": [c.seed for c, _, _ in found],
-                     "run_dirs": [str(c.run_dir) for c, _, _ in found], "command": found[0][0].command,
-                     **extra})  # fmt: skip
-        for _, report, _ in found:
-            for ref, values in report.get("references", {}).items():
-                references.setdefault(ref, []).append(values)
-        versions = {json.loads((c.run_dir / "config.json").read_text()).get("agents_sha") for c, _, _ in found}
-        if len(versions) > 1:
-            notes.append(f"{row}: runs of {len(versions)} versions of agents/ (retrain the older ones)")
-        first = found[0][1]
-        for note in (f"units: {first['units']}" if "units" in first else None,
-                     f"data year: {first['year']}" if first.get("year") else None):  # fmt: skip
-            if note and note not in notes:
-                notes.append(note)
-    refs = [{"row": ref, "metrics": {k: _stats([v.get(k) for v in values]) for k in METRICS if k in values[0]}}
-            for ref, values in references.items()]  # fmt: skip
-    return {"key": key, "dataset": dataset, "test": name or "test", "notes": notes, "rows": rows, "references": refs,
-            "paper_rows": {r: v for r, v in paper.items() if r not in {x["row"] for x in rows}}}  # fmt: skip

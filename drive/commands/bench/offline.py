@@ -13,7 +13,8 @@ Interface (for every task in drive/learn/tasks, see drive/learn/offline.py for w
   protocol); `--epochs`, `--set KEY=VALUE ...` and `--data` pass through to every cell (`drive train` options).
 - Each cell is DIR/runs/<dataset>/<row>/seed<s>, a `drive train` run directory; rerunning the same command
   resumes (finished cells kept, an interrupted one resumed from its last epoch); `--report-only` rebuilds the
-  report from the cells already finished without training any.
+  report from the cells already finished without training any; `--refresh nsac` retrains the finished cells of
+  those rows that ran other controller code (each cell records the sha of agents/; older runs are kept aside).
 - Writes DIR/results.json (the tables: mean / std over runs, the paper's numbers, the references; every cell's
   command and status; the environment), DIR/results.md (one table per dataset and test set, the paper's number
   beside ours, best per column in bold, the plots, the commands to rerun one cell) and DIR/plots/*.png.
@@ -26,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from drive.learn import offline
+from drive.learn import offline, offline_results
 from drive.observe.report import write_report
 
 
@@ -54,6 +55,8 @@ class Config:
     """torch CPU threads per run"""
     device: str = "cpu"
     """torch device"""
+    refresh: tuple[str, ...] = ()
+    """rows (or all) whose finished cells ran other agents/ code: set aside (RUN.stale-*) and trained again"""
     report_only: bool = False
     """train nothing: tables and plots from the cells already finished"""
     progress: bool = True
@@ -63,7 +66,7 @@ class Config:
 def run(cfg: Config) -> int:
     grid = offline.make_grid(cfg.task, protocol=cfg.protocol, datasets=cfg.datasets, controllers=cfg.controllers,
                              seeds=cfg.seeds, out=cfg.out, data=cfg.data, epochs=cfg.epochs, overrides=cfg.set,
-                             threads=cfg.threads, device=cfg.device)  # fmt: skip
+                             threads=cfg.threads, device=cfg.device, refresh=cfg.refresh)  # fmt: skip
     plan = offline.cells(grid)
     done = sum(offline.cell_state(c) == "done" for c in plan)
     print(f"{len(plan)} cells ({done} done) -> {cfg.out}")
@@ -71,7 +74,7 @@ def run(cfg: Config) -> int:
         records = [offline.status_record(c) for c in plan]
     else:
         records = offline.run_grid(grid, progress=cfg.progress)
-    results = {**offline.aggregate(grid), "cells": records}
+    results = {**offline_results.aggregate(grid), "cells": records}
     argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "offline"] else []
     command = "drive bench offline " + shlex.join(argv) if argv else f"drive bench offline --task {cfg.task}"
     paths = write_report(results, cfg.out, command)

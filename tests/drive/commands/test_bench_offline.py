@@ -66,6 +66,14 @@ def test_tiny_grid_tables_plots_and_resume(shared_data, tmp_path):
     assert kept.stat().st_mtime_ns == stamp
     assert len(results["tables"][0]["rows"][1]["seeds"]) == 2
 
+    # --refresh: a finished cell of that row which ran other agents/ code is set aside and trained again
+    config = out / "runs/yacht/gmle/seed0/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "agents_sha": "older"}))
+    assert _bench(shared_data, out, "--refresh", "gmle") == 0
+    status = {(c["row"], c["seed"]): c["status"] for c in json.loads((out / "results.json").read_text())["cells"]}
+    assert status == {("gmle", 0): "trained", ("mcd", 0): "done", ("gmle", 1): "done", ("mcd", 1): "done"}
+    assert len(list((out / "runs/yacht/gmle").glob("seed0.stale-*"))) == 1
+
     # another command on the same directory is refused, not mixed in
     with pytest.raises(UserError, match="holds a run of another command"):
         offline.cell_state(offline.cells(offline.make_grid("uci", protocol="nsac", datasets=("yacht",),
