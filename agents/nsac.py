@@ -131,8 +131,10 @@ class NSACConfig:
                 f"NSACConfig.n_passes={self.n_passes}: need >= 2 passes when reg_weight > 0 "
                 "(with one pass the epistemic variances are 0 and L_reg vanishes)"
             )
-        if min(self.noise_scale, self.ood_scale, self.ood_gain, self.ood_offset, self.reg_weight, self.var_eps) < 0 \
-                or self.reg_eps <= 0:
+        if (
+            min(self.noise_scale, self.ood_scale, self.ood_gain, self.ood_offset, self.reg_weight, self.var_eps) < 0
+            or self.reg_eps <= 0
+        ):
             raise ValueError("NSACConfig.noise_scale, ood_scale, reg_weight, var_eps must be >= 0 and reg_eps > 0")
         if self.ood_at not in ("heads", "input"):
             raise ValueError(f"NSACConfig.ood_at={self.ood_at!r}: choose heads or input")

@@ -84,9 +84,11 @@ def test_raw_bearing_rows_never_crash_and_refuse_garbage(tmp_path_factory, rows,
 _JPEG = base64.b64encode(encode_jpeg(np.zeros((160, 320, 3), np.uint8))).decode()
 
 
+_VALUE = st.one_of(_FIELD, st.integers(), st.none(), st.just(_JPEG), st.floats())
+
+
 @FAST
-@given(st.dictionaries(st.sampled_from(["steering_angle", "throttle", "speed", "image", "extra"]),
-                       st.one_of(_FIELD, st.integers(), st.none(), st.just(_JPEG), st.floats()), max_size=5))  # fmt: skip
+@given(st.dictionaries(st.sampled_from(["steering_angle", "throttle", "speed", "image", "extra"]), _VALUE, max_size=5))
 def test_telemetry_payloads_never_crash_and_refuse_garbage(payload):
     json.dumps(payload)  # what arrives over socket.io is JSON
     try:

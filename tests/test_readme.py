@@ -51,6 +51,15 @@ def test_pipeline_block_is_what_the_test_runs():
     assert all("--max-episode-steps" not in c and "--env" not in c for c in commands)  # the real CarRacing, full laps
 
 
+def test_ci_runs_exactly_the_readme_test_command():
+    text = (REPO / "README.md").read_text()
+    after = text[text.index("Set up and run the tests") :]
+    command = after[after.index("```bash") + len("```bash") : after.index("```", after.index("```bash") + 7)].strip()
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == command, "`.ci/run` must call exactly the README's test command"
+    assert all(step in command for step in ("ruff check", "ruff format --check", "mypy", "pytest"))
+
+
 @pytest.mark.usefixtures("one_thread")
 def test_readme_pipeline_runs_verbatim(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

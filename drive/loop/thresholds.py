@@ -62,8 +62,7 @@ def resolve_threshold(
     env_kwargs = dict(env_kwargs or {})
     policy = controller_policy(path, n_samples, seed, shadow=None, env=env_kwargs.get("name", "carracing"))
     stored = checkpoint.read(path, kind="controller").get("extra", {}).get("fallback") or {}
-    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples,
-              "variance": cfg.variance}
+    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples, "variance": cfg.variance}
     stored = {"variance": "epistemic", **stored} if stored else stored  # stored before gates had a variance choice
     if stored and all(stored.get(k) == v for k, v in wanted.items()):
         return float(stored["threshold"]), f"checkpoint (calibrated on seeds {stored.get('seeds')})"

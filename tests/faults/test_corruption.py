@@ -85,8 +85,8 @@ def test_corrupt_checkpoints(tmp_path, tally):
         # a flip inside a tensor's bytes leaves a loadable file: its weights then differ from the original's
         tally["corruptions"] += 1
         model, _ = checkpoint.load_controller(path)
-        same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
-                                                     checkpoint.load_controller(good)[0].state_dict().values()))  # fmt: skip
+        original = checkpoint.load_controller(good)[0].state_dict().values()
+        same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), original, strict=True))
         if same:
             tally["accepted_corrupt_files"] += 1
         assert not same, f"{path}: corrupt bytes neither refused nor visible"
@@ -142,5 +142,6 @@ def test_corrupt_raw_bearing_files(tmp_path, tally):
         i = rng.randrange(1, len(lines))
         lines[i] = rng.choice(["", "1.0", "a,b", "nan,0.1", "0.1;0.2;0.3"])
         path.write_text("\n".join(lines[: len(lines) - (k % 2) * 5]) + "\n")
-        _refused(tally, path, lambda path=path: read_xjtu(path, None if k % 2 else len(lines) - 1))
+        expected = None if k % 2 else len(lines) - 1
+        _refused(tally, path, lambda path=path, expected=expected: read_xjtu(path, expected))
     assert np.isfinite(read_xjtu(src, None)).all()  # the pristine file still reads

@@ -147,8 +147,12 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "kind": part.x_scaler.kind,
         },  # fmt: skip
         controller_defaults={"encoder.d_model": 32, "n_heads": 4},
-        train_defaults={"epochs": 40, "batch_size": 32 if len(part.train_rows) < 1000 else 128, "lr": 1e-3,
-                        "patience": 10},  # fmt: skip
+        train_defaults={
+            "epochs": 40,
+            "batch_size": 32 if len(part.train_rows) < 1000 else 128,
+            "lr": 1e-3,
+            "patience": 10,
+        },  # fmt: skip
     )
 
 
