@@ -120,7 +120,8 @@ def make_grid(task: str, *, protocol: str | None = None, datasets: tuple[str, ..
 def _rows(mod, task: str, controllers: tuple[str, ...]) -> tuple[str, ...]:
     variants = getattr(mod, "VARIANTS", {})
     full = tuple(getattr(mod, "CONTROLLERS", ("nsac", "gmle", "mcd", "de", "der", "sdenet")))
-    rows = (*full, *variants) if tuple(controllers) in ((), ("all",)) else tuple(controllers)
+    # a variant may share its controller's name (sa-uci's ft-swag trains differently): such a row is listed once
+    rows = tuple(dict.fromkeys((*full, *variants))) if tuple(controllers) in ((), ("all",)) else tuple(controllers)
     bad = [r for r in rows if r not in REGISTRY and r not in variants]
     if bad:
         raise UserError(f"--controllers {', '.join(bad)}: not a controller ({', '.join(REGISTRY)}) nor a variant of "

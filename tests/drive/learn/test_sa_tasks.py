@@ -93,6 +93,8 @@ def test_every_method_runs_through_the_bench(uci_bench, controller):
 
 def test_the_report_has_the_table_the_claims_and_the_plots(uci_bench):
     results = json.loads((uci_bench / "results.json").read_text())
+    assert results["rows"] == list(sa_uci.CONTROLLERS)  # a variant named as its controller is one row, not two
+    assert len(results["cells"]) == len(sa_uci.CONTROLLERS)
     summary = results["summary"]
     table = summary["tables"][0]
     assert sorted(r[1] for r in table["rows"]) == sorted(sa_uci.METHODS.values())  # one row per method
