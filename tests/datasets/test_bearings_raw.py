@@ -152,3 +152,25 @@ def test_xjtu_header_missing(tmp_path):
 def test_unwrap_days_across_midnight():
     clock = np.array([86390.0, 86395.0, 5.0, 10.0])
     assert unwrap_days(clock).tolist() == [86390.0, 86395.0, 86405.0, 86410.0]
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "what"),
+    [
+        (lambda ls: [*ls[:300], ls[300][:7]], 301, "fields, expected 5"),  # a truncated copy, cut mid-line
+        (lambda ls: ls[:300], 301, "file ends after 300 of 600 rows"),
+        (lambda ls: [*ls[:9], ls[9].replace(";", ";x", 1), *ls[10:]], 10, "not a number"),
+    ],
+)
+def test_malformed_semicolon_temp_names_file_and_line(fixtures, tmp_path, edit, line, what):
+    path = _broken(tmp_path, fixtures / TEMP[1], edit)
+    with pytest.raises(BearingFileError) as err:
+        read_pronostia_temp(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}:{line}: ") and what in message and "\n" not in message
+
+
+def test_xjtu_malformed_value_names_file_and_line(tmp_path):
+    path = _broken(tmp_path, XJTU_FIXTURE / "1.csv", lambda ls: [*ls[:7], "0.1,abc\n", *ls[8:]])
+    with pytest.raises(BearingFileError, match=rf"^{re.escape(str(path))}:8: .*not a number"):
+        read_xjtu(path, n_rows=299)
