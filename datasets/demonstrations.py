@@ -92,12 +92,20 @@ def write_episode(root: str | os.PathLike, seed: int, arrays: dict[str, np.ndarr
     return {"file": rel, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def write_manifest(root: str | os.PathLike, settings: dict[str, Any], episodes: Sequence[dict[str, Any]]) -> None:
+def write_manifest(
+    root: str | os.PathLike,
+    settings: dict[str, Any],
+    episodes: Sequence[dict[str, Any]],
+    pending: Sequence[int] = (),
+) -> None:
+    """`pending`: seeds the writing command has still to record (a run stopped halfway: readers refuse the dataset
+    until the same command, rerun, finishes it); empty once complete."""
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "settings": settings,
         "episodes": sorted(episodes, key=lambda e: e["seed"]),
+        "pending": sorted(int(s) for s in pending),
     }
     atomic_write(Path(root) / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
 
@@ -121,6 +129,8 @@ def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
     for key, kind in (("settings", dict), ("episodes", list)):
         if not isinstance(manifest.get(key), kind):
             raise DemonstrationError(f"{path}: field {key!r} missing or not a {kind.__name__}")
+    if not isinstance(manifest.get("pending", []), list):
+        raise DemonstrationError(f"{path}: field 'pending' is not a list")
     for i, episode in enumerate(manifest["episodes"]):
         missing = [f for f in EPISODE_FIELDS if not isinstance(episode, dict) or f not in episode]
         if missing:
@@ -223,8 +233,10 @@ class Demonstrations:
         include_flagged: bool = False,
         verify: bool = True,
         min_return: float | None = None,
+        allow_pending: bool = False,
     ):
-        """`min_return` re-flags episodes by their recorded return instead of the threshold they were recorded with."""
+        """`min_return` re-flags episodes by their recorded return instead of the threshold they were recorded with;
+        `allow_pending` reads the finished episodes of a dataset whose writing run stopped halfway."""
         self.root = Path(root)
         self.manifest = read_manifest(self.root)
         self.settings: dict[str, Any] = self.manifest["settings"]
@@ -239,6 +251,12 @@ class Demonstrations:
             everything = [{**e, "flagged": bool(e["return"] < min_return)} for e in everything]
         self.n_flagged = sum(bool(e["flagged"]) for e in everything)
         self.episodes: list[dict[str, Any]] = [e for e in everything if include_flagged or not e["flagged"]]
+        pending = self.manifest.get("pending", [])  # absent in datasets written before the field: complete
+        if pending and not allow_pending:
+            raise DemonstrationError(
+                f"{self.root}: incomplete, {len(pending)} episode(s) still to record (a `drive collect` / `drive "
+                "dagger` run stopped halfway); rerun the command that wrote it to finish it"
+            )
         check_sizes(self.root, self.manifest["episodes"])
 
     def __len__(self) -> int:

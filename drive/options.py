@@ -70,5 +70,6 @@ PositiveInt = IntRange(1)
 NonNegativeInt = IntRange(0)
 Port = IntRange(0, 65535)  # 0: the system picks a free port
 Probability = FloatRange(0.0, 1.0)
+OpenUnit = FloatRange(0.0, 1.0, open_low=True)  # (0, 1]: a quantile, a fraction that cannot be 0
 PositiveFloat = FloatRange(0.0, None, open_low=True)
 NonNegativeFloat = FloatRange(0.0)

@@ -213,12 +213,14 @@ def collect(opts: CollectOptions, recorder: RecorderFactory) -> Summary:
         def finished(record: dict[str, Any]) -> None:
             done[int(record["seed"])] = record
             new.append(record)
-            write_manifest(root, settings, list(done.values()))
+            write_manifest(root, settings, list(done.values()), [s for s in seeds if s not in done])
 
+        if todo:  # the directory says it is incomplete until the last episode lands
+            write_manifest(root, settings, list(done.values()), todo)
         tasks = [(str(root), settings, seed) for seed in todo]
         run_tasks(collect_episode, tasks, opts.workers, finished, show=opts.progress, label="collect",
                   extra=(recorder,), ray=opts.ray)  # fmt: skip
-        if not (root / MANIFEST).exists():
+        if not (root / MANIFEST).exists() or read_manifest(root).get("pending"):
             write_manifest(root, settings, list(done.values()))
         return Summary(root, seeds, new, len(seeds) - len(todo), time.perf_counter() - start)
     finally:

@@ -34,9 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from datasets.demonstrations import EPISODE_DIR, read_manifest, write_episode, write_manifest
+from datasets.demonstrations import (
+    EPISODE_DIR,
+    MANIFEST,
+    Demonstrations,
+    read_manifest,
+    write_episode,
+    write_manifest,
+)
+from datasets.files import clean_temp
 from datasets.frames import LEGACY_CODING
 from drive.errors import UserError
+from drive.loop.collect import lock
 from drive.loop.envs import make_env
 from drive.loop.fallback import FallbackConfig
 from drive.loop.policies import ControllerPolicy
@@ -45,6 +54,7 @@ from drive.loop.rollout import PolicyOutput, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import controller_policy
 from drive.loop.thresholds import resolve_threshold
+from drive.options import NonNegativeFloat, OpenUnit, PositiveInt, Probability
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +66,18 @@ class DaggerOptions:
     data: Path
     """the demonstrations to aggregate with (their episodes are linked into --out)"""
     out: Path
-    """the aggregated dataset directory (must not exist)"""
+    """the aggregated dataset directory (new; rerunning the same command resumes it)"""
     seeds: str
     """track seeds of the new episodes (keep them apart from the data's and from evaluation seeds)"""
     expert: str = "pursuit"
     """the expert that labels (ppo, pursuit or an expert checkpoint path)"""
-    beta: float = 0.3
+    beta: Probability = 0.3
     """probability per step that the expert's action is executed instead of the clone's"""
-    samples: int | None = None
+    samples: PositiveInt | None = None
     """the clone's stochastic samples per step (default: its own)"""
-    workers: int = 2
+    workers: PositiveInt = 2
     """parallel worker processes, one episode per task"""
-    max_episode_steps: int = 1000
+    max_episode_steps: PositiveInt = 1000
     """step limit per episode"""
     seed: int = 0
     """seed of the mixing coin and the clone's sampling"""
@@ -75,10 +85,10 @@ class DaggerOptions:
     """simulator: carracing, or fake-road (tests; its expert is 'pursuit')"""
     progress: bool = True
     """show a progress bar"""
-    query_quantile: float | None = None
+    query_quantile: OpenUnit | None = None
     """uncertainty-gated DAgger: query the expert only where the clone's steering epistemic variance exceeds this
     quantile of it on nominal laps (None: plain DAgger, every state labelled)"""
-    query_threshold: float | None = None
+    query_threshold: NonNegativeFloat | None = None
     """gated DAgger: the epistemic-variance threshold itself (default: calibrated from query_quantile)"""
     calibrate_seeds: str = "2000-2004"
     """gated DAgger: the clone's nominal laps for the threshold"""
@@ -143,46 +153,106 @@ def _link(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
-    """Drive the DAgger episodes into a new dataset beside the source's episodes; returns the new records."""
-    source = read_manifest(opts.data)
+def validate(opts: DaggerOptions) -> tuple[dict[str, Any], list[int]]:
+    """Everything checked before --out is touched: options, the clone, the source dataset read in full (its hashes:
+    a corrupt shard is never linked into a new dataset). Returns the source manifest and the new seeds."""
+    if not 0.0 <= opts.beta <= 1.0:
+        raise UserError(f"--beta {opts.beta}: must lie in [0, 1]")
+    if opts.workers < 1 or opts.max_episode_steps < 1:
+        raise UserError("--workers and --max-episode-steps must be >= 1")
+    if opts.query_quantile is not None and not 0.0 < opts.query_quantile < 1.0:
+        raise UserError(f"--query-quantile {opts.query_quantile}: must lie in (0, 1)")
     seeds = parse_seeds(opts.seeds)
-    clash = sorted(set(seeds) & {int(e["seed"]) for e in source["episodes"]})
+    source = Demonstrations(opts.data, include_flagged=True, verify=True)
+    for _ in source:  # every shard's sha256 against the manifest: DemonstrationError naming the first bad one
+        pass
+    clash = sorted(set(seeds) & {int(e["seed"]) for e in source.manifest["episodes"]})
     if clash:
         raise UserError(f"--seeds {clash} already in {opts.data}: choose other track seeds")
+    controller_policy(opts.ckpt, opts.samples, opts.seed, opts.expert, env=opts.env)  # a bad clone fails here
+    return source.manifest, seeds
+
+
+def _plan(opts: DaggerOptions, seeds: list[int], threshold: float | None) -> dict[str, Any]:
+    return {"source": str(Path(opts.data).resolve()), "ckpt": str(Path(opts.ckpt).resolve()), "expert": opts.expert,
+            "beta": opts.beta, "seeds": seeds, "query_quantile": opts.query_quantile, "query_threshold": threshold,
+            "samples": opts.samples, "seed": opts.seed, "max_episode_steps": opts.max_episode_steps,
+            "env": opts.env}  # fmt: skip
+
+
+def _resumable(root: Path, opts: DaggerOptions, seeds: list[int]) -> dict[str, Any] | None:
+    """The manifest of an earlier run of the same command into --out (None: --out is new); anything else refused."""
+    if not root.exists():
+        return None
+    if not (root / MANIFEST).is_file():
+        if any(p.name not in (EPISODE_DIR, ".collect.lock") and ".tmp" not in p.name for p in root.iterdir()):
+            raise UserError(f"{root} exists and is not a DAgger dataset: DAgger writes a new dataset directory")
+        return None  # killed before its first manifest: start again
+    manifest = read_manifest(root)
+    old = manifest["settings"].get("dagger")
+    new = _plan(opts, seeds, old.get("query_threshold") if isinstance(old, dict) else None)
+    if not isinstance(old, dict) or {k: old.get(k) for k in new} != new:
+        differ = sorted(k for k in new if not isinstance(old, dict) or old.get(k) != new[k])
+        raise UserError(f"{root} exists and holds another dataset (differs in {', '.join(differ) or 'kind'}): "
+                        "use another --out (DAgger resumes only the same command)")  # fmt: skip
+    return manifest
+
+
+def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) -> list[dict[str, Any]]:
+    """Drive the DAgger episodes into a new dataset beside the source's episodes; returns the records recorded by
+    this call. Rerunning the same command resumes a stopped run (finished episodes kept, the rest recorded); the
+    manifest lists the seeds still pending, so an unfinished dataset is refused by readers, not trained on."""
+    source, seeds = validate(opts)
     root = Path(opts.out)
-    if root.exists():
-        raise UserError(f"{root} exists: DAgger writes a new dataset directory")
-    controller_policy(opts.ckpt, opts.samples, opts.seed, opts.expert, env=opts.env)  # a bad clone fails first
-    threshold = opts.query_threshold
+    earlier = _resumable(root, opts, seeds)
+    threshold = earlier["settings"]["dagger"]["query_threshold"] if earlier else opts.query_threshold
     if opts.query_quantile is not None and threshold is None:
         cfg = FallbackConfig(signal="steer", quantile=opts.query_quantile)
         env_kwargs = {"name": opts.env, "max_episode_steps": opts.max_episode_steps}
         threshold, origin = resolve_threshold(opts.ckpt, cfg, None, parse_seeds(opts.calibrate_seeds), opts.samples,
                                               opts.seed, env_kwargs)  # fmt: skip
         log.info("gated DAgger: query threshold %.4g (%s)", threshold, origin)
-    (root / EPISODE_DIR).mkdir(parents=True)
-    episodes = []
-    for ep in source["episodes"]:
-        _link(Path(opts.data) / ep["file"], root / ep["file"])
-        episodes.append(ep)
-    settings = {**source["settings"], "dagger": {"source": str(Path(opts.data).resolve()), "ckpt": str(opts.ckpt),
-                                                 "expert": opts.expert, "beta": opts.beta, "seeds": seeds,
-                                                 "query_quantile": opts.query_quantile,
-                                                 "query_threshold": threshold}}  # fmt: skip
-    write_manifest(root, settings, episodes)
-    job = {"ckpt": str(opts.ckpt), "samples": opts.samples, "seed": opts.seed, "expert": opts.expert,
-           "beta": opts.beta, "max_episode_steps": opts.max_episode_steps, "env": opts.env,
-           "frame_stack": int(source["settings"].get("frame_stack", 4)),
-           "frame_coding": str(source["settings"].get("frame_coding", LEGACY_CODING)),
-           "keep_raw": bool(source["settings"].get("keep_raw", False)), "query_threshold": threshold}  # fmt: skip
-    new: list[dict[str, Any]] = []
+    (root / EPISODE_DIR).mkdir(parents=True, exist_ok=True)
+    handle = lock(root)
+    try:
+        for folder in (root, root / EPISODE_DIR):
+            clean_temp(folder)
+        settings = {**source["settings"], "dagger": _plan(opts, seeds, threshold)}
+        episodes = []
+        for ep in source["episodes"]:
+            if not (root / ep["file"]).is_file():
+                _link(Path(opts.data) / ep["file"], root / ep["file"])
+            episodes.append(ep)
+        done = {int(e["seed"]): e for e in (earlier or {}).get("episodes", []) if e.get("dagger")}
+        done = {s: e for s, e in done.items() if _intact(root, e)}
+        todo = [s for s in seeds if s not in done]
+        if len(todo) < len(seeds):
+            log.info("resuming %s: %d of %d DAgger episodes already recorded", root, len(seeds) - len(todo), len(seeds))
+        write_manifest(root, settings, episodes + list(done.values()), todo)
+        job = {"ckpt": str(opts.ckpt), "samples": opts.samples, "seed": opts.seed, "expert": opts.expert,
+               "beta": opts.beta, "max_episode_steps": opts.max_episode_steps, "env": opts.env,
+               "frame_stack": int(source["settings"].get("frame_stack", 4)),
+               "frame_coding": str(source["settings"].get("frame_coding", LEGACY_CODING)),
+               "keep_raw": bool(source["settings"].get("keep_raw", False)), "query_threshold": threshold}  # fmt: skip
+        new: list[dict[str, Any]] = []
 
-    def finished(record: dict[str, Any]) -> None:
-        new.append(record)
-        write_manifest(root, settings, episodes + new)
-        log.info("seed %d: clone+expert return %.1f, %d steps", record["seed"], record["return"], record["steps"])
+        def finished(record: dict[str, Any]) -> None:
+            new.append(record)
+            done[int(record["seed"])] = record
+            write_manifest(root, settings, episodes + list(done.values()), [s for s in seeds if s not in done])
+            log.info("seed %d: clone+expert return %.1f, %d steps", record["seed"], record["return"], record["steps"])
 
-    tasks = [(str(root), job, s) for s in seeds]
-    run_tasks(dagger_episode, tasks, opts.workers, finished, opts.progress, "dagger", extra=(recorder,))
-    return new
+        tasks = [(str(root), job, s) for s in todo]
+        run_tasks(dagger_episode, tasks, opts.workers, finished, opts.progress, "dagger", extra=(recorder,))
+        return new
+    finally:
+        handle.close()
+
+
+def _intact(root: Path, episode: dict[str, Any]) -> bool:
+    path = root / episode["file"]
+    if path.is_file() and path.stat().st_size == episode["bytes"]:
+        return True
+    log.warning("%s: listed in the manifest but missing or the wrong size; recording seed %s again", path,
+                episode["seed"])  # fmt: skip
+    return False

@@ -1,5 +1,5 @@
 """SIGKILL at seeded random moments, then the same command again: nothing lost, nothing duplicated, and the result
-equals an uninterrupted run. (Collection, training; DAgger and `drive bench offline` have their own tests.)"""
+equals an uninterrupted run: collection, DAgger, training and `drive bench offline`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from datasets.demonstrations import Demonstrations
+from datasets.demonstrations import DemonstrationError, Demonstrations
 from tests.conftest import REPO
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -101,3 +101,44 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     assert proc.returncode == 130 and lines == ["drive train: interrupted"], err.decode()
     _run([*TRAIN, str(out), "--resume"], tmp_path)  # resumable, whatever the moment of the interrupt
     assert (out / "metrics.json").is_file()
+
+
+def _tiny_clone(path) -> None:
+    import torch
+
+    from agents.encoders import EncoderConfig
+    from agents.nsac import NSACConfig
+    from agents.registry import config_to_dict
+    from drive import checkpoint
+
+    torch.manual_seed(0)
+    cfg = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    checkpoint.save(path, kind="controller", name="nsac", config=config_to_dict(cfg), module=cfg.build())
+
+
+def test_dagger_killed_at_random_moments(tmp_path, tally):
+    demos, clone = tmp_path / "demos", tmp_path / "clone.pt"
+    _run([*COLLECT[: COLLECT.index("--seeds") + 1], "0-1", *COLLECT[COLLECT.index("--seeds") + 2 :], str(demos)],
+         tmp_path)  # fmt: skip
+    _tiny_clone(clone)
+    dagger = ["dagger", "--ckpt", str(clone), "--data", str(demos), "--seeds", "50-57", "--env", "fake-road",
+              "--max-episode-steps", "150", "--beta", "0.5", "--workers", "2", "--no-progress", "--out"]  # fmt: skip
+    reference = tmp_path / "reference"
+    _run([*dagger, str(reference)], tmp_path)
+    expected = {e["seed"]: e["sha256"] for e in Demonstrations(reference).episodes}
+    rng = random.Random(13)
+    for point in range(2):
+        out = tmp_path / f"killed{point}"
+        for _ in range(2):
+            if _run([*dagger, str(out)], tmp_path, kill_after=rng.uniform(3.0, 7.0)) == -9:
+                tally["kill_points"] += 1
+                if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text())["pending"]:
+                    with pytest.raises(DemonstrationError, match="incomplete"):
+                        Demonstrations(out)  # a stopped run is never mistaken for a dataset
+        _run([*dagger, str(out)], tmp_path)
+        got = [(e["seed"], e["sha256"]) for e in Demonstrations(out, verify=True).episodes]
+        seeds = [s for s, _ in got]
+        tally["duplicated_episodes"] += len(seeds) - len(set(seeds))
+        tally["lost_episodes"] += len(set(expected) - set(seeds))
+        assert dict(got) == expected, f"kill point {point}: the DAgger dataset differs from the uninterrupted one"
+        assert not list(out.rglob("*.tmp*")), "a temp file survived the rerun"

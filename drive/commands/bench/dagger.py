@@ -76,7 +76,7 @@ def _round(cfg: Config, arm: str, r: int, clone: Path, data: Path) -> tuple[Path
     """One round of `arm`: (its aggregated dataset, the retrained clone, expert labels it added)."""
     out = cfg.out / f"gd_{arm}{r}"
     start = cfg.first_seed + (r - 1) * cfg.episodes
-    if not (out / "manifest.json").exists():
+    if not (out / "manifest.json").exists() or read_manifest(out).get("pending"):  # new, or stopped: resumed
         aggregate(
             DaggerOptions(
                 ckpt=clone,
@@ -92,8 +92,6 @@ def _round(cfg: Config, arm: str, r: int, clone: Path, data: Path) -> tuple[Path
             recorder_for,
         )
     new = [e for e in read_manifest(out)["episodes"] if e.get("dagger") and e["seed"] >= start]
-    if len(new) < cfg.episodes:
-        raise UserError(f"{out}: {len(new)} of {cfg.episodes} DAgger episodes (an interrupted round: remove it)")
     run = cfg.out / f"gd_{arm[0].upper()}{r}"
     if not (run / "metrics.json").exists():
         name = checkpoint.read(cfg.ckpt, kind="controller")["name"]

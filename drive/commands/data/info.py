@@ -11,7 +11,14 @@ from typing import Annotated, Any
 import numpy as np
 import tyro
 
-from datasets.demonstrations import EPISODE_DIR, MANIFEST, Demonstrations, check_sizes, read_manifest
+from datasets.demonstrations import (
+    EPISODE_DIR,
+    MANIFEST,
+    DemonstrationError,
+    check_sizes,
+    load_episode,
+    read_manifest,
+)
 from datasets.frames import LEGACY_CODING
 from drive.loop.seeds import format_seeds
 
@@ -67,12 +74,16 @@ def dataset_summary(root: str | Path, verify: bool = False) -> dict[str, Any]:
         "seeds": format_seeds(int(e["seed"]) for e in episodes),
         "bytes": int(sum(e["bytes"] for e in episodes) + (root / MANIFEST).stat().st_size),
         "unlisted_shards": sorted(on_disk - listed),
+        "pending_seeds": format_seeds(int(s) for s in manifest.get("pending", [])),
     }
-    if verify:
-        ds = Demonstrations(root, include_flagged=True, verify=True)
-        for _ in ds:  # raises DemonstrationError naming the first bad file
-            pass
-        summary["verified"] = len(ds)
+    if verify:  # every listed shard, also of an incomplete dataset: its hash and array shapes
+        try:
+            frame_stack = int(settings["frame_stack"])
+        except (KeyError, TypeError, ValueError):
+            raise DemonstrationError(f"{root / MANIFEST}: settings.frame_stack missing or not an int") from None
+        for episode in episodes:  # raises DemonstrationError naming the first bad file
+            load_episode(root, episode, frame_stack, verify=True)
+        summary["verified"] = len(episodes)
     return summary
 
 
@@ -107,6 +118,8 @@ def run(cfg: Config) -> int:
         ("raw frames", "yes" if summary["keep_raw"] else "no"),
         ("size", f"{summary['bytes'] / 1e6:.1f} MB"),
     ]
+    if summary["pending_seeds"]:
+        rows.append(("INCOMPLETE", f"seeds {summary['pending_seeds']} still to record: rerun the writing command"))
     if summary["unlisted_shards"]:
         rows.append(("unlisted shards (ignored)", ", ".join(summary["unlisted_shards"])))
     if "verified" in summary:

@@ -6,13 +6,15 @@ steps per second) through the real CLI, in-process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from datasets.demonstrations import Demonstrations
+from datasets.demonstrations import DemonstrationError, Demonstrations
 from datasets.frames import code_cropped, code_full, motion_stack
 from drive.cli import main
 from drive.learn import tasks
@@ -217,7 +219,17 @@ def test_dagger_aggregates_expert_labelled_clone_episodes(demos, tmp_path):
     np.testing.assert_allclose(new.label, labels, atol=1e-6)  # the expert labels every visited state
     executed_expert = np.all(np.isclose(new.action, np.clip(new.label, [-1, 0, 0], [1, 1, 1])), axis=1)
     assert 0.2 < executed_expert.mean() < 0.8  # beta = 0.5: the clone drives about half the steps
-    with pytest.raises(ValueError, match="exists"):
-        aggregate(run)
+    manifest = (out / "manifest.json").read_bytes()
+    assert aggregate(run) == [] and (out / "manifest.json").read_bytes() == manifest  # rerun: complete, kept
+    with pytest.raises(ValueError, match="holds another dataset.*beta"):
+        aggregate(dataclasses.replace(run, beta=0.4))
+    shard = out / data.episodes[0]["file"]  # a corrupt source is refused before anything is linked or written
+    bad = tmp_path / "bad"
+    shutil.copytree(demos, bad)
+    src = bad / data.episodes[0]["file"]
+    src.write_bytes(src.read_bytes()[:100] + bytes(len(src.read_bytes()) - 100))
+    with pytest.raises(DemonstrationError, match=src.name):
+        aggregate(dataclasses.replace(run, data=bad, out=tmp_path / "from-bad"))
+    assert not (tmp_path / "from-bad").exists() and shard.is_file()
     with pytest.raises(ValueError, match="already in"):
         aggregate(Config(ckpt=ckpt, data=demos, out=tmp_path / "b", seeds="5-6", env="fake-road", progress=False))
