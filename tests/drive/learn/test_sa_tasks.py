@@ -13,7 +13,7 @@ import torch
 
 from drive.cli import main
 from drive.errors import UserError
-from drive.learn import sa_study, sa_summary
+from drive.learn import offline, sa_study, sa_summary
 from drive.learn.tasks import sa_forecast, sa_uci
 from tests.agents.test_timesfm import TINY, tiny
 
@@ -137,3 +137,11 @@ def test_timesfm_config_names_or_json_and_one_line_errors(tmp_path):
         assert "\n" not in str(info.value)
     with pytest.raises(UserError, match="unknown dataset"):
         sa_forecast.parse_dataset("etth1-48")
+
+
+def test_the_uci_study_defaults_to_five_gal_splits_and_protein_has_five(tmp_path, shared_data):
+    grid = offline.make_grid("sa-uci", datasets=("concrete", "protein"), out=tmp_path, data=str(shared_data))
+    assert grid.seeds == tuple(range(5)) and grid.rows == sa_uci.CONTROLLERS
+    full = offline.make_grid("sa-uci", datasets=("concrete", "protein"), seeds=20, out=tmp_path, data=str(shared_data))
+    per_set = {d: len({c.seed for c in offline.cells(full) if c.dataset == d}) for d in ("concrete", "protein")}
+    assert per_set == {"concrete": 20, "protein": 5}  # Gal's protocol: 20 splits, Protein 5
