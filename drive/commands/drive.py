@@ -17,7 +17,7 @@ from drive.loop.specs import SHIPPED_CONTROLLER, controller_policy, default_shad
 from drive.loop.thresholds import fallback_for_command
 from drive.observe.trace_recorder import TraceRecorder
 from drive.observe.window import StopDriving, Window, is_headless
-from drive.options import PositiveInt
+from drive.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Config:
     the controller's training data, as in drive eval; none: off)"""
     fallback: Literal["off", "expert", "slow"] = "off"
     """uncertainty-gated fallback: off, expert (the shadow expert takes over) or slow (slow down)"""
-    fallback_threshold: float | None = None
+    fallback_threshold: NonNegativeFloat | None = None
     """epistemic-variance threshold (default: stored in the checkpoint, else calibrated on --calibrate-seeds)"""
     calibrate_seeds: str = "2000-2002"
     """nominal laps used to calibrate the fallback threshold when none is stored or given"""
@@ -49,7 +49,7 @@ class Config:
     """step limit per episode"""
     env: Literal["carracing", "fake-road"] = "carracing"
     """simulator: carracing, or fake-road (tests; its shadow expert is 'pursuit')"""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """seed of the controller's sampling"""
 
 

@@ -27,6 +27,7 @@ from drive import checkpoint
 from drive.errors import UserError
 from drive.learn import export
 from drive.learn.minari_export import export_minari
+from drive.options import NonNegativeInt
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Config:
     """trained controller checkpoint (drive train's best.pt)"""
     out: Path | None = None
     """file written (onnx, torchscript; the table's JSON with --table) or Minari dataset root directory (minari)"""
-    samples: int = 0
+    samples: NonNegativeInt = 0
     """0: the deterministic mean pass; S > 0: the S-sample predictive (the method's random draws in the graph)"""
     table: bool = False
     """export every registered controller (small random weights) in both formats and passes; print what exports"""

@@ -28,6 +28,7 @@ from drive.errors import UserError
 from drive.learn.ood import auroc_report, code_stacks, test_episodes, uncertainty_scores
 from drive.loop.perturb import replay_frames
 from drive.observe.uq_plots import plot_ood_scores
+from drive.options import NonNegativeInt, PositiveInt
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,15 @@ class Config:
     perturb: str = "noise:0.1,blur:2,occlusion:0.1,brightness:0.5,domain_randomize"
     """perturbations KIND:LEVEL[,...]: noise (std, [0, 1] pixel units), blur (sigma px), occlusion (fraction of the
     frame), brightness (factor), domain_randomize (no level)"""
-    max_episodes: int = 8
+    max_episodes: PositiveInt = 8
     """test episodes used (0: all)"""
-    every: int = 10
+    every: PositiveInt = 10
     """score every N-th step of each test episode"""
-    samples: int | None = None
+    samples: PositiveInt | None = None
     """stochastic samples per prediction (default: each controller's own)"""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """seed of the perturbations and of the controllers' sampling"""
-    threads: int = 1
+    threads: PositiveInt = 1
     """torch CPU threads"""
 
 

@@ -15,6 +15,7 @@ evaluates and writes metrics.json, the other ranks only train their part of each
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 from drive.learn import distributed, tasks
 from drive.learn.experiment import TrainRequest, prepare, summary, train_and_evaluate
 from drive.learn.trainer import CheckpointInfo, fit
+from drive.options import NonNegativeInt, PositiveFloat, PositiveInt
 
 
 @dataclass(frozen=True)
@@ -36,13 +38,13 @@ class Config:
     """task plugin: spiral, demos, udacity, ... (default: inferred from --data, spiral without it)"""
     data: str | None = None
     """DIR: recorded demonstrations (task demos); udacity:DIR: a Udacity simulator log; or the task's data root"""
-    epochs: int | None = None
+    epochs: PositiveInt | None = None
     """maximum epochs (default: the task's)"""
-    batch_size: int | None = None
+    batch_size: PositiveInt | None = None
     """minibatch size (default: the task's)"""
-    lr: float | None = None
+    lr: PositiveFloat | None = None
     """learning rate (default: the task's)"""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """seed for the split, initialisation, batch order and sampling"""
     resume: bool = False
     """continue the interrupted run in --out exactly where its last finished epoch left off"""
@@ -54,8 +56,14 @@ class Config:
     """torch device"""
     progress: bool = True
     """show progress bars"""
-    threads: int = 0
-    """torch intra-op CPU threads (0: torch's default)"""
+    threads: NonNegativeInt = 0
+    """torch intra-op CPU threads (0: auto, half the CPUs this process may use, at least 1 — on a 2-core machine
+    torch's default of 2 trained an NSAC epoch in 18.8 s, one thread in 10.9 s: the other core feeds the batches)"""
+
+
+def auto_threads() -> int:
+    """Half the CPUs available to this process (its affinity mask), at least one."""
+    return max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 def epilog() -> str:
@@ -63,8 +71,7 @@ def epilog() -> str:
 
 
 def run(cfg: Config) -> int:
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or auto_threads())
     argv = sys.argv[2:] if sys.argv[1:2] == ["train"] else []
     with distributed.session(cfg.device) as device:
         world = {"world_size": distributed.world_size()} if distributed.active() else {}

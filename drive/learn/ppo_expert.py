@@ -28,6 +28,7 @@ from agents.experts.ppo import PPOExpert, PPOPolicy, PPOPolicyConfig
 from drive import checkpoint
 from drive.errors import UserError
 from drive.learn.ppo_envs import make_env
+from drive.options import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from sim_bridges.carracing import IDX, STATE_DIM, STATE_NAMES, make_carracing
 
 log = logging.getLogger(__name__)
@@ -40,33 +41,33 @@ class PPOExpertOptions:
     out: Path | None = None
     """Where the best held-out checkpoint is exported (our format); default RUN_DIR/expert.pt. Never defaults to
     the shipped checkpoints/expert_ppo.pt, so a new run cannot overwrite it by accident."""
-    total_steps: int = 3_000_000
+    total_steps: PositiveInt = 3_000_000
     """Environment steps to train for (all workers together)."""
-    n_envs: int = 2
+    n_envs: PositiveInt = 2
     """Parallel training environments (SubprocVecEnv when > 1)."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seed for PPO and the training workers' track streams."""
     resume: bool = False
     """Continue a killed run from its last evaluation (run_dir/sb3_last.zip, vecnorm_last.pkl, eval.json)."""
-    eval_every: int = 250_000
+    eval_every: PositiveInt = 250_000
     """Evaluate (and maybe keep) the deterministic policy every this many steps."""
     eval_seeds: str = "5000-5049"
     """Held-out track seeds for selection, as 'a-b' (inclusive) or 'a,b,c'. Never use 1000-1019 here."""
-    min_weight: float = 0.5
+    min_weight: NonNegativeFloat = 0.5
     """Selection score = mean return + min_weight * min return over the held-out seeds."""
-    offtrack_patience: int = 60
+    offtrack_patience: NonNegativeInt = 60
     """Training only: end an episode after this many consecutive steps with no wheel on the road (0 = never)."""
-    offtrack_penalty: float = 100.0
+    offtrack_penalty: NonNegativeFloat = 100.0
     """Training only: reward subtracted when an episode is ended for being off track."""
-    perturb_prob: float = 0.25
+    perturb_prob: Probability = 0.25
     """Training only: chance an episode starts at a random track point, heading and lateral offset (recoveries)."""
-    wheel_off_penalty: float = 0.02
+    wheel_off_penalty: NonNegativeFloat = 0.02
     """Training only: reward subtracted per step for each wheel off the road (discourages cutting corners)."""
-    lr: float = 3e-4
+    lr: PositiveFloat = 3e-4
     """Initial learning rate, decayed linearly to lr_final."""
-    lr_final: float = 3e-5
+    lr_final: PositiveFloat = 3e-5
     """Learning rate at the end of training."""
-    n_steps: int = 1024
+    n_steps: PositiveInt = 1024
     """Rollout length per environment between updates."""
     batch_size: int = 256
     """Minibatch size."""

@@ -41,6 +41,7 @@ from drive.checkpoint import load_controller
 from drive.errors import UserError
 from drive.learn import tasks
 from drive.learn.batches import predict_dataset, take
+from drive.options import IntRange, NonNegativeInt, PositiveInt
 
 log = logging.getLogger(__name__)
 
@@ -165,13 +166,13 @@ def _progress_over_evaluations(show: bool, total: int) -> Iterator[None]:
 class SAOptions:
     ckpt: Path
     """controller checkpoint (`drive train` on any task; the controller must have attention SA can reach)"""
-    frames: int = 1024
+    frames: NonNegativeInt = 1024
     """calibration inputs: the validation split subsampled evenly to this many (0 = all)"""
-    passes: int = 8
+    passes: IntRange(2) = 8
     """stochastic SA passes M per evaluation of nu, and for the test predictive with SA"""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """seed of the SA resampling (common random numbers) and of the Thompson draws"""
-    batch_size: int = 512
+    batch_size: PositiveInt = 512
     """inputs per encoder batch and per SA forward chunk (bounds memory)"""
     progress: bool = True
     """show a progress bar over the Bayesian-optimisation evaluations"""

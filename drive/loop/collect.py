@@ -32,6 +32,7 @@ from drive.loop.pool import Ticker, run_tasks
 from drive.loop.rollout import Observer, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import expert_policy
+from drive.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +47,15 @@ class CollectOptions:
     """dataset directory; created if new, resumed if it holds a dataset recorded with the same settings"""
     expert: str = "ppo"
     """expert that drives: ppo (shipped), pursuit (scripted), or a path to an expert checkpoint"""
-    episodes: int | None = None
+    episodes: PositiveInt | None = None
     """number of episodes (default: one per seed in --seeds); without --seeds the seeds are 0..N-1"""
     seeds: str | None = None
     """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix; with --episodes N the first N are used"""
-    action_noise: float = 0.0
+    action_noise: NonNegativeFloat = 0.0
     """DART noise: std of the Gaussian added to the executed action (clipped); the label stays the clean action"""
-    noise_seed: int = 0
+    noise_seed: NonNegativeInt = 0
     """seed of the DART noise stream (mixed with each track seed)"""
-    workers: int = 1
+    workers: PositiveInt = 1
     """parallel worker processes, one episode per task (1 runs in this process); with --ray: episodes in flight"""
     ray: str | None = None
     """run the episodes as Ray tasks: local (a Ray instance here, --workers CPUs), auto (the `ray start` cluster of
@@ -65,9 +66,9 @@ class CollectOptions:
     """also store the env's raw 96x96 RGB frame per step (about 3.5x the size; for videos and re-coding)"""
     min_return: float = 700.0
     """episodes returning less are flagged and left out by readers unless asked for (700: a clean lap's floor)"""
-    max_episode_steps: int = 1000
+    max_episode_steps: PositiveInt = 1000
     """step limit per episode (CarRacing-v3's is 1000)"""
-    frame_stack: int = 4
+    frame_stack: PositiveInt = 4
     """frames in the controller's observation stack"""
     fast_render: bool = True
     """use the bridge's fast renderer (pixel-identical to stock CarRacing)"""

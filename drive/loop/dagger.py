@@ -54,7 +54,7 @@ from drive.loop.rollout import PolicyOutput, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import controller_policy
 from drive.loop.thresholds import resolve_threshold
-from drive.options import NonNegativeFloat, OpenUnit, PositiveInt, Probability
+from drive.options import NonNegativeFloat, NonNegativeInt, OpenUnit, PositiveInt, Probability
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class DaggerOptions:
     """parallel worker processes, one episode per task"""
     max_episode_steps: PositiveInt = 1000
     """step limit per episode"""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """seed of the mixing coin and the clone's sampling"""
     env: str = "carracing"
     """simulator: carracing, or fake-road (tests; its expert is 'pursuit')"""

@@ -34,6 +34,7 @@ from drive.loop.rollout import Observer, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import default_shadow, make_policy, parse_policy_spec
 from drive.loop.thresholds import fallback_for_command
+from drive.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 from sim_bridges.carracing import IDX
 
 ObserverFactory = Callable[[gym.Env, str], Observer]
@@ -45,34 +46,34 @@ class EvalOptions:
     """policy spec: expert:ppo, expert:pursuit, expert:PATH (expert checkpoint), ckpt:PATH (trained controller)"""
     seeds: str = "1000-1019"
     """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix"""
-    workers: int = 1
+    workers: PositiveInt = 1
     """parallel worker processes, one episode per task; with --ray: episodes in flight"""
     ray: str | None = None
     """run the episodes as Ray tasks: local (a Ray instance here, --workers CPUs), auto (the `ray start` cluster of
     this node) or HOST:PORT"""
-    max_episode_steps: int = 1000
+    max_episode_steps: PositiveInt = 1000
     """step limit per episode (CarRacing-v3's is 1000)"""
     env: str = "carracing"
     """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
     progress: bool = True
     """show a progress bar"""
-    samples: int | None = None
+    samples: PositiveInt | None = None
     """ckpt: stochastic samples per step (default: the controller's own, 32 for NSAC)"""
     shadow: str | None = None
     """ckpt: shadow expert on the controller's states (default: the expert that labelled its data; none: off)"""
     fallback: str = "off"
     """ckpt: uncertainty-gated fallback (off, expert, slow; MODE:KEY=VALUE,... sets gate fields, e.g.
     expert:blend_steps=0); when on, every seed also runs without it"""
-    fallback_threshold: float | None = None
+    fallback_threshold: NonNegativeFloat | None = None
     """ckpt: epistemic-variance threshold (default: stored in the checkpoint, else calibrated on --calibrate-seeds)"""
     calibrate_seeds: str = "2000-2004"
     """ckpt: nominal laps to calibrate the fallback threshold on, when none is given or stored"""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """ckpt: seed of the controller's sampling"""
     perturb: str = ""
     """ckpt: perturb the controller's camera, KIND:LEVEL (datasets/perturb.py: noise, blur, occlusion, brightness,
     domain_randomize); the shadow expert still acts on the privileged state"""
-    failure_horizon: int = 25
+    failure_horizon: NonNegativeInt = 25
     """ckpt on carracing: failure prediction, AUROC of an event within this many steps (0: off; loop/failures.py)"""
 
 

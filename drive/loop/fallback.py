@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from drive.errors import UserError
+from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Probability
 from sim_bridges.carracing import ACTION_NAMES
 
 log = logging.getLogger(__name__)
@@ -44,21 +45,21 @@ class FallbackConfig:
     """which action's variance is the score: steer, gas, brake, or sum (sum of the three)"""
     variance: str = "epistemic"
     """which variance is the score: epistemic (the samples' disagreement) or total (aleatoric + epistemic)"""
-    quantile: float = 0.99
+    quantile: OpenUnit = 0.99
     """calibration: the threshold is this quantile of the per-step score on nominal laps"""
-    engage_steps: int = 2
+    engage_steps: PositiveInt = 2
     """hysteresis: consecutive steps above the threshold before the gate engages"""
-    release_ratio: float = 0.7
+    release_ratio: OpenUnit = 0.7
     """hysteresis: the gate releases below release_ratio * threshold"""
-    release_steps: int = 5
+    release_steps: PositiveInt = 5
     """hysteresis: consecutive steps below the release level before the gate releases"""
-    min_hold_steps: int = 10
+    min_hold_steps: NonNegativeInt = 10
     """hysteresis: the gate stays engaged at least this many steps"""
-    slow_gas: float = 0.05
+    slow_gas: Probability = 0.05
     """slow mode: gas is capped at this value"""
-    slow_brake: float = 0.1
+    slow_brake: Probability = 0.1
     """slow mode: brake applied while engaged"""
-    blend_steps: int = 0
+    blend_steps: NonNegativeInt = 0
     """0: switch; N > 0: blend, the executed action moves from the controller's to the fallback's over N steps
     after engaging and back over N steps after releasing (no step change of the controls mid-manoeuvre)"""
 

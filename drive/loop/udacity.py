@@ -25,6 +25,7 @@ from datasets.udacity import preprocess
 from drive.checkpoint import CheckpointError, load_controller
 from drive.errors import UserError
 from drive.loop.rollout import PolicyOutput, RoadStep, SpeedStep, StepPrediction
+from drive.options import NonNegativeFloat, PositiveFloat
 from sim_bridges.udacity_transport import SERVERS, TransportError, import_eventlet
 
 log = logging.getLogger(__name__)
@@ -39,21 +40,21 @@ VISION_PRESETS = {
 
 @dataclass(frozen=True)
 class SpeedConfig:
-    target_speed_mph: float = 20.0
+    target_speed_mph: PositiveFloat = 20.0
     """cruise speed on a straight with a confident controller (the simulator tops out near 30 mph)"""
-    min_speed_mph: float = 8.0
+    min_speed_mph: NonNegativeFloat = 8.0
     """lowest speed target (tight bends, gated uncertainty)"""
-    steer_slowdown: float = 0.6
+    steer_slowdown: NonNegativeFloat = 0.6
     """target speed falls by this fraction at full steering lock"""
-    uncertainty_slowdown: float = 2.0
+    uncertainty_slowdown: NonNegativeFloat = 2.0
     """target speed falls by this fraction per unit of epistemic std of the steering"""
-    gate_std: float = 0.0
+    gate_std: NonNegativeFloat = 0.0
     """uncertainty gate: above this total predictive std the target drops to min_speed_mph (0 = off)"""
-    kp: float = 0.1
+    kp: NonNegativeFloat = 0.1
     """throttle per mph of speed error"""
-    kd: float = 0.02
+    kd: NonNegativeFloat = 0.02
     """throttle per mph of speed change since the last frame"""
-    max_brake: float = 0.5
+    max_brake: NonNegativeFloat = 0.5
     """strongest braking, as negative throttle"""
 
 

@@ -28,6 +28,7 @@ from typing import Literal
 from datasets.bearings import SPECS, BearingFileError, extract_features, find_bearing
 from datasets.bearings.extract import CONDITIONS
 from drive.errors import UserError
+from drive.options import NonNegativeFloat, PositiveFloat, PositiveInt
 
 
 @dataclass(frozen=True)
@@ -40,15 +41,15 @@ class Config:
     """feature recipe (CWT band, smoothing, Time rounding): auto = the folder's own dataset's"""
     file_order: Literal["spec", "numeric", "lexicographic"] = "spec"
     """snapshot concatenation order: the spec's (XJTU-SY: lexicographic as published), numeric = time order"""
-    rpm: float | None = None
+    rpm: PositiveFloat | None = None
     """shaft speed written to RPM and used by the Degradation ODE; None: from the folder name's condition"""
-    load: float | None = None
+    load: NonNegativeFloat | None = None
     """radial load [N]; None: from the folder name's condition"""
     temperature: float | None = None
     """constant Temperature column; None: the temperature files interpolated (298.15 without any)"""
     all_windows: bool = False
     """keep every window (XJTU-SY's published files keep a multiple of 1000)"""
-    rows_per_file: int | None = None
+    rows_per_file: PositiveInt | None = None
     """samples per snapshot if not the format's (2560 PRONOSTIA, 32768 XJTU-SY), e.g. a shortened fixture"""
     progress: bool = True
     """show a progress bar over the snapshot files"""

@@ -29,6 +29,7 @@ from datasets.files import atomic_write
 from drive.loop.collect import CollectOptions, collect
 from drive.loop.specs import expert_policy
 from drive.observe.demonstrations import recorder_for
+from drive.options import NonNegativeInt, PositiveInt
 from sim_bridges.carracing import make_carracing
 
 TARGETS = {"collect1_over_fast_expert": 0.9, "collect1_over_stock": 1.8, "collect2_over_collect1": 1.7}
@@ -38,15 +39,15 @@ TARGETS = {"collect1_over_fast_expert": 0.9, "collect1_over_stock": 1.8, "collec
 class Config:
     out: Path | None = None
     """results JSON file; default: print only"""
-    steps: int = 2000
+    steps: PositiveInt = 2000
     """env steps timed per loop benchmark (stock, fast random, fast expert)"""
-    episodes: int = 6
+    episodes: PositiveInt = 6
     """episodes per collect run (1 worker, then 2 workers); even, so two workers share them equally"""
-    first_seed: int = 5000
+    first_seed: NonNegativeInt = 5000
     """track seeds of the collect runs: first_seed .. first_seed + episodes - 1"""
     expert: str = "ppo"
     """expert that drives the fast-expert loop and the collect runs"""
-    max_episode_steps: int = 1000
+    max_episode_steps: PositiveInt = 1000
     """step limit per episode"""
 
 

@@ -26,6 +26,7 @@ from drive.loop.dagger import DaggerOptions, aggregate
 from drive.loop.evaluate import EvalOptions, evaluate
 from drive.observe.demonstrations import recorder_for
 from drive.observe.uq_plots import plot_dagger_curve
+from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Probability
 
 
 @dataclass(frozen=True)
@@ -36,23 +37,23 @@ class Config:
     """the demonstrations C0 was trained on"""
     out: Path
     """output directory (datasets, runs, evals, curve.json, curve.png)"""
-    gated_rounds: int = 2
+    gated_rounds: NonNegativeInt = 2
     """rounds of uncertainty-gated DAgger"""
-    plain_rounds: int = 1
+    plain_rounds: NonNegativeInt = 1
     """rounds of plain DAgger"""
-    episodes: int = 20
+    episodes: PositiveInt = 20
     """new episodes per round"""
-    first_seed: int = 400
+    first_seed: NonNegativeInt = 400
     """track seed of round 1's first episode (round r uses the next `episodes` seeds after round r-1)"""
-    beta: float = 0.2
+    beta: Probability = 0.2
     """probability per step that the expert's action is executed (both arms)"""
-    query_quantile: float = 0.9
+    query_quantile: OpenUnit = 0.9
     """gated rounds: query where the epistemic variance exceeds this quantile of it on nominal laps"""
     calibrate_seeds: str = "2000-2002"
     """gated rounds: the clone's nominal laps"""
     eval_seeds: str = "1000-1009"
     """unseen tracks every clone drives"""
-    epochs: int = 4
+    epochs: PositiveInt = 4
     """retraining epochs per round"""
     set: tuple[str, ...] = ("task.stride=4", "encoder.d_model=32", "n_heads=4", "backbone_units=8")
     """retraining overrides (as C0's command)"""

@@ -32,6 +32,7 @@ from datasets.files import atomic_write
 from datasets.frames import ObservationCoder
 from drive.checkpoint import load_controller
 from drive.loop.specs import SHIPPED_CONTROLLER, load_expert
+from drive.options import NonNegativeInt, PositiveInt
 from sim_bridges.carracing import make_carracing
 
 TARGET_MS, TARGET_RATIO = 5.0, 1.3
@@ -41,15 +42,15 @@ TARGET_MS, TARGET_RATIO = 5.0, 1.3
 class Config:
     ckpt: tuple[Path, ...] = ()
     """controller checkpoints to measure (default: checkpoints/carracing_nsac.pt, else an untrained NSAC)"""
-    samples: int = 32
+    samples: PositiveInt = 32
     """stochastic samples per step"""
-    steps: int = 300
+    steps: PositiveInt = 300
     """timed steps per configuration"""
-    warmup: int = 30
+    warmup: NonNegativeInt = 30
     """untimed steps first"""
-    threads: int = 1
+    threads: PositiveInt = 1
     """torch CPU threads"""
-    observations: int = 64
+    observations: PositiveInt = 64
     """distinct CarRacing observations cycled through (recorded from a short drive with the pursuit expert)"""
     out: Path | None = None
     """write the results JSON here"""

@@ -20,6 +20,7 @@ from datasets.perturb import WORLD_KINDS, parse_perturbation
 from drive.errors import UserError
 from drive.loop.evaluate import EvalOptions, evaluate
 from drive.observe.uq_plots import plot_robustness
+from drive.options import PositiveInt
 
 KEYS = ("mean_return", "min_return", "coverage90_steer", "epistemic_var_steer", "laps_finished")
 
@@ -35,9 +36,9 @@ class Config:
     """per kind KIND:LEVEL,LEVEL,... (domain_randomize: no levels)"""
     seeds: str = "1000-1004"
     """track seeds of every point"""
-    workers: int = 1
+    workers: PositiveInt = 1
     """parallel episodes per point"""
-    samples: int | None = None
+    samples: PositiveInt | None = None
     """stochastic samples per step (default: each controller's own)"""
     progress: bool = False
     """progress bars"""

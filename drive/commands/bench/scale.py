@@ -33,6 +33,7 @@ from datasets.files import atomic_write
 from drive.errors import UserError
 from drive.loop.collect import CollectOptions, collect
 from drive.observe.demonstrations import recorder_for
+from drive.options import NonNegativeInt, PositiveInt
 
 TARGETS = {"ray2_over_ray1": 1.6, "ddp2_over_ddp1": 1.5}
 
@@ -41,21 +42,21 @@ TARGETS = {"ray2_over_ray1": 1.6, "ddp2_over_ddp1": 1.5}
 class Config:
     out: Path | None = None
     """results JSON file; default: print only"""
-    episodes: int = 8
+    episodes: PositiveInt = 8
     """episodes per collection run (even, so two workers share them equally)"""
-    first_seed: int = 6000
+    first_seed: NonNegativeInt = 6000
     """track seeds of the collection runs: first_seed .. first_seed + episodes - 1"""
     expert: str = "ppo"
     """expert that drives the collection runs"""
     env: str = "carracing"
     """simulator: carracing, or fake-road (a quick check of the benchmark itself)"""
-    max_episode_steps: int = 1000
+    max_episode_steps: PositiveInt = 1000
     """step limit per episode"""
     controller: str = "nsac"
     """controller the training runs train (on the recorded frames)"""
-    batch_size: int = 64
+    batch_size: PositiveInt = 64
     """global minibatch of every training run"""
-    epochs: int = 2
+    epochs: PositiveInt = 2
     """epochs per training run; the last one is timed (the first warms allocator and caches)"""
     skip: tuple[str, ...] = ()
     """parts to leave out: collect, train"""

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from drive.loop.rollout import rollout
 from drive.loop.udacity import SpeedConfig, checked_server, make_policy
 from drive.observe.udacity import Overlay, StepLog, StopDriving
+from drive.options import NonNegativeInt, Port, PositiveFloat, PositiveInt
 from sim_bridges.udacity import UdacityEnv
 from sim_bridges.udacity_server import DEFAULT_SERVER
 
@@ -34,19 +35,19 @@ class Config(SpeedConfig):
     """ckpt:PATH (a trained controller), vision (road follower, simulator camera), vision:carracing (stand-in)"""
     host: str = "127.0.0.1"
     """address to listen on (the simulator connects to 127.0.0.1)"""
-    port: int = 4567
+    port: Port = 4567
     """port to listen on (the simulator's is 4567; 0 picks a free one)"""
-    n_samples: int = 16
+    n_samples: PositiveInt = 16
     """stochastic samples per prediction (S) for ckpt policies"""
-    episodes: int = 1
+    episodes: PositiveInt = 1
     """episodes to drive; an episode ends after max_steps or when no frame comes for timeout_s"""
-    max_steps: int = 0
+    max_steps: NonNegativeInt = 0
     """steps per episode (0 = until the simulator stops sending)"""
-    timeout_s: float = 5.0
+    timeout_s: PositiveFloat = 5.0
     """seconds to wait for the next frame before ending the episode"""
-    connect_timeout_s: float = 300.0
+    connect_timeout_s: PositiveFloat = 300.0
     """seconds to wait for the simulator to connect and send its first frame"""
-    ping_interval_s: float = 25.0
+    ping_interval_s: PositiveFloat = 25.0
     """engine.io ping interval of the server (the simulator's own is 25 s)"""
     server: Literal["threading", "eventlet"] = DEFAULT_SERVER  # type: ignore[assignment]
     """the bridge's server: threading (werkzeug) or eventlet (optional: pip install eventlet==0.41.3); the default is
@@ -55,9 +56,9 @@ class Config(SpeedConfig):
     """overlay: a window, an mp4 in the run directory, or none (auto: window when a display exists)"""
     run_dir: str = ""
     """where logs go (default runs/udacity_drive/<timestamp>)"""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """seed of the controller's sampling generator"""
-    threads: int = 1
+    threads: PositiveInt = 1
     """torch CPU threads"""
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from drive.errors import UserError
+from drive.options import NonNegativeInt, Port, PositiveFloat, PositiveInt
 from sim_bridges.udacity_sources import CarRacingSource, ReplaySource
 from sim_bridges.udacity_standin import StandIn, StandInConfig
 
@@ -17,19 +18,19 @@ from sim_bridges.udacity_standin import StandIn, StandInConfig
 class Config:
     replay: Path | None = None
     """a recorded driving_log.csv (or its directory), replayed in a loop"""
-    carracing: int | None = None
+    carracing: NonNegativeInt | None = None
     """closed loop over CarRacing on this track seed (instead of --replay)"""
     host: str = "127.0.0.1"
     """the bridge's address"""
-    port: int = 4567
+    port: Port = 4567
     """the bridge's port"""
-    max_telemetry: int | None = None
+    max_telemetry: PositiveInt | None = None
     """stop after this many telemetry packets"""
-    duration: float | None = None
+    duration: PositiveFloat | None = None
     """stop after this many seconds"""
     single_chain: bool = False
     """one telemetry on open instead of the simulator's two"""
-    malformed_every: int = 0
+    malformed_every: NonNegativeInt = 0
     """every k-th telemetry malformed (0: none)"""
     json: Path | None = None
     """write the report here"""
