@@ -62,6 +62,9 @@ def test_width_at_matched_coverage_reads_the_conformal_curve():
         "mcd": {0: {"native": {"coverage_95": 0.4, "width_95": 0.2}, "curve": {**curve, "width": [2, 4, 8]}}},
     }
     assert sa_summary.matched_ratios(rows) == {"sa": pytest.approx(2.0), "mcd": pytest.approx(4.0)}
+    # against SA's own conformal width at its coverage (2.0): SA 1, MC dropout 4 / 2
+    alike = sa_summary.matched_ratios(rows, conformal_reference=True)
+    assert alike == {"sa": pytest.approx(1.0), "mcd": pytest.approx(2.0)}
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,8 @@ def test_the_report_has_the_table_the_claims_and_the_plots(uci_bench):
     summary = results["summary"]
     table = summary["tables"][0]
     assert sorted(r[1] for r in table["rows"]) == sorted(sa_uci.METHODS.values())  # one row per method
-    assert [c["id"] for c in summary["claims"]][:2] == ["pit_best", "sharpest"]
+    assert [c["id"] for c in summary["claims"]][:3] == ["pit_best", "sharpest", "sharpest_alike"]
+    assert "/ SA conformal" in table["columns"]
     assert all(c["reproduced"] is None for c in summary["claims"] if c["id"] in ("pit_best", "sharpest"))  # 1 of 8
     text = (uci_bench / "results.md").read_text()
     assert "### The paper's claims" in text and "Table 2 analogue" in text
