@@ -152,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     except _ParseError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `drive data info --json | head`: the reader has what it wanted; nothing is wrong
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 0
     except USER_ERRORS as exc:
         if debug:
             raise

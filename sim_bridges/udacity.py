@@ -101,7 +101,7 @@ class UdacityEnv(gym.Env):
         frame = self.server.next_frame(self.connect_timeout_s)
         if frame is None:
             raise TimeoutError(
-                f"no telemetry on ws://{self.server.host}:{self.server.port} within {self.connect_timeout_s:.0f} s: "
+                f"no telemetry on ws://{self.server.host}:{self.server.port} within {self.connect_timeout_s:g} s: "
                 "start the simulator and choose Autonomous Mode"
             )
         return self._observe(frame)

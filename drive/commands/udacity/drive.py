@@ -21,6 +21,7 @@ import torch
 from gymnasium.wrappers import TimeLimit
 from tqdm import tqdm
 
+from drive.errors import UserError
 from drive.loop.rollout import rollout
 from drive.loop.udacity import SpeedConfig, checked_server, make_policy
 from drive.observe.udacity import Overlay, StepLog, StopDriving
@@ -67,32 +68,43 @@ def run(cfg: Config) -> int:
     torch.set_num_threads(cfg.threads)
     policy = make_policy(cfg.policy, cfg, cfg.n_samples, cfg.seed)  # a bad checkpoint fails before we bind a port
     run_dir = Path(cfg.run_dir or f"runs/udacity_drive/{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    if (run_dir / "steps.csv").exists():
+        raise UserError(f"--run-dir {run_dir} holds another session's log: each session logs into a new directory")
+    created = not run_dir.exists()
     env = UdacityEnv(cfg.host, cfg.port, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s,
                      ping_interval=cfg.ping_interval_s, kind=checked_server(cfg.server))  # fmt: skip
     print(f"listening on ws://{cfg.host}:{env.server.port}/socket.io/ -- start the simulator in Autonomous Mode")
+    run_dir.mkdir(parents=True, exist_ok=True)  # after the port is bound: a refused port leaves nothing behind
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     print(f"logging to {run_dir}", flush=True)
-    steps, bar = StepLog(run_dir), tqdm(desc="frames", unit="frame", mininterval=1.0)
+    steps, bar = (
+        StepLog(run_dir),
+        tqdm(desc="frames", unit="frame", mininterval=1.0, delay=0.5),
+    )  # shown once frames come
     observers = [steps, lambda rec: bar.update(1)]
     overlay = None if cfg.display == "none" else Overlay(cfg.display, run_dir / "overlay.mp4")
     observers += [overlay] if overlay else []
     wrapped = TimeLimit(env, cfg.max_steps) if cfg.max_steps > 0 else env
-    results, code = [], 0
+    results, code, never_came = [], 0, ""
     try:
         results = rollout(wrapped, policy, seeds=range(cfg.seed, cfg.seed + cfg.episodes), on_step=observers)
     except TimeoutError as exc:
-        print(f"drive udacity drive: {exc}")
-        code = 1
+        if not steps.latencies_ms:  # the simulator never came: nothing to keep, the fix is to start it
+            never_came = str(exc)
+        else:
+            print(f"drive udacity drive: {exc} (the log so far is kept)")
+            code = 1
     except (KeyboardInterrupt, StopDriving):
         print("stopped")
     finally:
-        bar.close()
         stats = env.server.snapshot()
-        env.close()
-        steps.close()
-        if overlay:
-            overlay.close()
+        _close(bar, env, steps, overlay)
+    if never_came:  # what this session wrote goes; a directory the user gave stays
+        for name in ("config.json", "steps.csv", "steps.parquet", "overlay.mp4"):
+            (run_dir / name).unlink(missing_ok=True)
+        if created and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise UserError(never_came)
     lat = np.array([x for x in steps.latencies_ms if math.isfinite(x)])
     session = {"server": stats, "episodes": [r.to_dict() for r in results], "policy_latency_ms": {}}
     if lat.size:
@@ -105,3 +117,10 @@ def run(cfg: Config) -> int:
     if overlay and overlay.mode == "video" and overlay.n_frames:
         print(f"overlay video: {run_dir / 'overlay.mp4'}")
     return code
+
+
+def _close(*things) -> None:
+    """Close the bar, the bridge, the step log and the overlay (each once; closing twice is harmless)."""
+    for thing in things:
+        if thing is not None:
+            thing.close()

@@ -174,3 +174,27 @@ def test_debug_shows_the_traceback_and_unexpected_errors_keep_theirs(tmp_path):
     debug = subprocess.run([sys.executable, "-m", "drive", "--debug", "eval", "--policy", f"ckpt:{junk}", "--seeds",
                             "1"], capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "CheckpointError" in debug.stderr
+
+
+def test_no_simulator_is_one_line_and_leaves_no_run_directory(tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main(["udacity", "drive", "--policy", "vision", "--port", "0", "--display", "none", "--run-dir", str(run),
+                 "--connect-timeout-s", "0.5"])  # fmt: skip
+    assert code == 2
+    assert "no telemetry" in _one_line_error(capsys, "udacity drive")
+    assert not run.exists()  # the corrected command (simulator started) finds nothing in its way
+
+
+def test_a_closed_pipe_is_not_an_error(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    data = tmp_path / "demos"
+    assert main(["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0", "--max-episode-steps", "20",
+                 "--min-return", "-1000", "--no-progress", "--out", str(data)]) == 0  # fmt: skip
+    shell = f"{sys.executable} -m drive data info {data} --json | head -c 1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], cwd=REPO, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "{" and "Error" not in done.stderr, done.stderr
