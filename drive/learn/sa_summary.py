@@ -54,7 +54,7 @@ def matched_ratios(
     sa = rows.get(reference, {})
     out = {}
     for method, seeds in rows.items():
-        ratios = []
+        ratios: list[float | None] = []
         for seed, row in seeds.items():
             if seed in sa and sa[seed]["native"]["width_95"] > 0:
                 ref = sa[seed]["native"]
@@ -153,8 +153,8 @@ def best_by(data: dict, metric: tuple[str, str], methods: tuple[str, ...] | None
     """Per dataset, the method with the lowest mean of metric (restricted to `methods`)."""
     out = {}
     for dataset, rows in data.items():
-        values = {m: stat(s, *metric) for m, s in rows.items() if methods is None or m in methods}
-        values = {m: v for m, v in values.items() if v is not None}
+        stats = {m: stat(s, *metric) for m, s in rows.items() if methods is None or m in methods}
+        values = {m: v for m, v in stats.items() if v is not None}
         if values:
             out[dataset] = min(values, key=values.__getitem__)
     return out
