@@ -142,3 +142,36 @@ def test_dagger_killed_at_random_moments(tmp_path, tally):
         tally["lost_episodes"] += len(set(expected) - set(seeds))
         assert dict(got) == expected, f"kill point {point}: the DAgger dataset differs from the uninterrupted one"
         assert not list(out.rglob("*.tmp*")), "a temp file survived the rerun"
+
+
+BENCH = ["bench", "offline", "--task", "spiral", "--controllers", "gmle", "mcd", "--seeds", "2", "--epochs", "3",
+         "--set", "task.n_obs=20", "encoder.d_model=8", "n_heads=2", "trainer.tensorboard=false", "--threads", "1",
+         "--no-progress", "--out"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_bench_offline_killed_at_random_moments(tmp_path, tally):
+    reference = tmp_path / "reference"
+    _run([*BENCH, str(reference)], tmp_path)
+
+    def cells(root):
+        return {str(p.parent.relative_to(root)): json.loads(p.read_text())["fit"]["best_val_nll"]
+                for p in sorted((root / "runs").rglob("metrics.json"))}  # fmt: skip
+
+    expected = cells(reference)
+    assert len(expected) == 4
+    rng = random.Random(19)
+    for point in range(2):
+        out = tmp_path / f"killed{point}"
+        for _ in range(2):
+            if _run([*BENCH, str(out)], tmp_path, kill_after=rng.uniform(5.0, 20.0)) == -9:
+                tally["kill_points"] += 1
+        _run([*BENCH, str(out)], tmp_path)
+        got = cells(out)
+        tally["lost_episodes"] += len(set(expected) - set(got))  # (cells here)
+        assert got == expected, f"kill point {point}: the grid differs from the uninterrupted one"
+        for log in (out / "runs").rglob("metrics.jsonl"):
+            epochs = [json.loads(line)["epoch"] for line in log.read_text().splitlines()]
+            tally["duplicated_episodes"] += len(epochs) - len(set(epochs))
+            assert epochs == [1, 2, 3], (log, epochs)
+        assert not list((out / "runs").glob("*/*/*.stale-*")), "a killed cell was set aside instead of resumed"
