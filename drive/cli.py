@@ -58,11 +58,13 @@ def module_name(words: tuple[str, ...]) -> str:
     return "drive.commands." + ".".join(words)
 
 
-def _usage() -> str:
-    lines = ["usage: drive COMMAND [OPTIONS]   (drive COMMAND --help for its options; --debug shows tracebacks)", "",
-             "commands:"]  # fmt: skip
-    width = max(len(" ".join(w)) for w in COMMANDS)
-    for words, help_ in COMMANDS.items():
+def _usage(group: str = "") -> str:
+    """The command table (`group`: only the commands under that first word, e.g. `drive bench --help`)."""
+    shown = {w: h for w, h in COMMANDS.items() if not group or (len(w) > 1 and w[0] == group)}
+    lines = [f"usage: drive {group + ' ' if group else ''}COMMAND [OPTIONS]   (drive COMMAND --help for its options; "
+             "--debug shows tracebacks)", "", "commands:"]  # fmt: skip
+    width = max(len(" ".join(w)) for w in shown)
+    for words, help_ in shown.items():
         lines.append(f"  {' '.join(words):<{width}}  {help_}")
     return "\n".join(lines)
 
@@ -126,6 +128,15 @@ def _parse(module: Any, rest: list[str], prog: str, help_: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `drive data info --json | head`: the reader has what it wanted; nothing is wrong
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("DRIVE_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
@@ -138,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     found = _find_command(argv)
+    groups = {w[0] for w in COMMANDS if len(w) > 1}
+    if found is None and argv[0] in groups and (len(argv) == 1 or argv[1] in ("-h", "--help")):
+        print(_usage(argv[0]))  # `drive bench`, `drive udacity --help`: that group's commands
+        return 0
     if found is None:
         print(f"drive: error: unknown command {' '.join(argv[:2])!r} (drive --help lists them)", file=sys.stderr)
         return 2
@@ -152,10 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     except _ParseError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `drive data info --json | head`: the reader has what it wanted; nothing is wrong
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
-        return 0
+    except BrokenPipeError:
+        raise  # an OSError, but not the user's: main() ends quietly
     except USER_ERRORS as exc:
         if debug:
             raise

@@ -198,3 +198,11 @@ def test_a_closed_pipe_is_not_an_error(tmp_path):
     done = subprocess.run(["bash", "-o", "pipefail", "-c", shell], cwd=REPO, capture_output=True, text=True,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.returncode == 0 and done.stdout == "{" and "Error" not in done.stderr, done.stderr
+
+
+def test_a_group_word_lists_its_commands(capsys):
+    assert main(["bench", "--help"]) == 0
+    listed = [line.split()[:2] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert listed and all(words[0] == "bench" for words in listed) and ["bench", "offline"] in listed
+    assert main(["bench", "nope"]) == 2
+    assert capsys.readouterr().err.strip() == "drive: error: unknown command 'bench nope' (drive --help lists them)"
