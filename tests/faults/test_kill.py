@@ -36,6 +36,16 @@ def _run(args, cwd, kill_after: float | None = None) -> int | None:
         return -9
 
 
+def _same_dataset(out, expected: dict, tally, point: int) -> None:
+    """The rerun's dataset equals the uninterrupted one (seed -> sha256); lost / duplicated episodes counted."""
+    got = [(e["seed"], e["sha256"]) for e in Demonstrations(out, verify=True).episodes]
+    seeds = [s for s, _ in got]
+    tally["duplicated_episodes"] += len(seeds) - len(set(seeds))
+    tally["lost_episodes"] += len(set(expected) - set(seeds))
+    assert dict(got) == expected, f"kill point {point}: {out} differs from the uninterrupted run"
+    assert not list(out.rglob("*.tmp*")), "a temp file survived the rerun"
+
+
 COLLECT = ["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0-11", "--max-episode-steps", "300",
            "--action-noise", "0.1", "--min-return", "-1000", "--workers", "2", "--no-progress", "--out"]  # fmt: skip
 
@@ -47,18 +57,11 @@ def test_collection_killed_at_random_moments(tmp_path, tally):
     rng = random.Random(7)
     for point in range(3):
         out = tmp_path / f"killed{point}"
-        killed = 0
         for _ in range(3):  # several kills into the same directory before it is allowed to finish
             if _run([*COLLECT, str(out)], tmp_path, kill_after=rng.uniform(2.5, 6.0)) == -9:
-                killed += 1
                 tally["kill_points"] += 1
         _run([*COLLECT, str(out)], tmp_path)
-        got = [(e["seed"], e["sha256"]) for e in Demonstrations(out, verify=True).episodes]
-        seeds = [s for s, _ in got]
-        tally["duplicated_episodes"] += len(seeds) - len(set(seeds))
-        tally["lost_episodes"] += len(set(expected) - set(seeds))
-        assert dict(got) == expected, f"kill point {point}: the dataset differs from the uninterrupted one"
-        assert not list(out.rglob("*.tmp*")), "a temp file survived the rerun"
+        _same_dataset(out, expected, tally, point)
 
 
 TRAIN = ["train", "--controller", "gmle", "--task", "spiral", "--epochs", "4", "--no-progress", "--threads", "1",
@@ -136,12 +139,7 @@ def test_dagger_killed_at_random_moments(tmp_path, tally):
                     with pytest.raises(DemonstrationError, match="incomplete"):
                         Demonstrations(out)  # a stopped run is never mistaken for a dataset
         _run([*dagger, str(out)], tmp_path)
-        got = [(e["seed"], e["sha256"]) for e in Demonstrations(out, verify=True).episodes]
-        seeds = [s for s, _ in got]
-        tally["duplicated_episodes"] += len(seeds) - len(set(seeds))
-        tally["lost_episodes"] += len(set(expected) - set(seeds))
-        assert dict(got) == expected, f"kill point {point}: the DAgger dataset differs from the uninterrupted one"
-        assert not list(out.rglob("*.tmp*")), "a temp file survived the rerun"
+        _same_dataset(out, expected, tally, point)
 
 
 BENCH = ["bench", "offline", "--task", "spiral", "--controllers", "gmle", "mcd", "--seeds", "2", "--epochs", "3",
