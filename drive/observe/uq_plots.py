@@ -123,6 +123,7 @@ def plot_eval(results: Mapping[str, Any], path: Path) -> Path | None:
                 ax.annotate(str(r["n_interventions"]), (r["seed"], r["return"]), fontsize=6, color="red")
         ax.set_title("return per seed (red: interventions)", fontsize=8)
         ax.set_xlabel("track seed", fontsize=7)
+        ax.xaxis.get_major_locator().set_params(integer=True)  # seeds are integers
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
