@@ -90,3 +90,18 @@ def test_unreachable_attention_is_refused_but_a_small_output_scale_is_not():
     tiny = lambda m, x: 1e-5 * m(x)  # noqa: E731  same model, outputs 1e-5 as large
     result = calibrate_nu(model, x, 1e-5 * y, forward=tiny, n_passes=4)
     assert result.at_bound is None and result.nu > 1
+
+
+def test_published_routine_survives_a_log_noise_variance_beyond_float_range():
+    # distances of 0 (SA changed nothing for some rows) are floored at 1e-300: ln d ~ -690 beside ln d ~ 0 makes
+    # s_hat^2 ~ 1e5, and e^{2 s^2} overflows; MATLAB's exp gives Inf there (their code runs on), so must we
+    assert np.isinf(objective(10, -0.5, 0.0, 1000.0, 0.2))
+    rng = np.random.default_rng(0)
+
+    def observe(beta, k):  # half the rows: no deviation at all
+        d = np.exp(-0.5 * math.log(beta) + rng.normal(0, 0.3, 8))
+        d[::2] = 0.0
+        return d
+
+    found = search(observe, 0.2, (1, 1 << 16), np.random.default_rng(1), max_iter=3)
+    assert 1 <= found.beta <= 1 << 16 and found.n_evals >= 40
