@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from agents.layers.nsac_attention import NSACAttention
 from datasets.files import atomic_write
+from drive.options import NonNegativeInt, PositiveInt
 
 TARGETS = {"nsac_over_sdpa_at_64": 3.0, "memory_slope_in_n": 1.0, "s32_over_s1": 1.3}
 
@@ -56,27 +57,27 @@ TARGETS = {"nsac_over_sdpa_at_64": 3.0, "memory_slope_in_n": 1.0, "s32_over_s1":
 class Config:
     out: Path
     """results JSON file"""
-    batch: int = 32
+    batch: PositiveInt = 32
     """batch size B"""
-    d_model: int = 64
+    d_model: PositiveInt = 64
     """token width d"""
-    n_heads: int = 4
+    n_heads: PositiveInt = 4
     """attention heads H"""
-    top_k: int = 8
+    top_k: PositiveInt = 8
     """NSAC keys per query K"""
     tokens: tuple[int, ...] = (16, 64, 256)
     """token counts n to measure"""
-    samples: int = 32
+    samples: PositiveInt = 32
     """stochastic samples S compared with S = 1"""
-    repeats: int = 10
+    repeats: PositiveInt = 10
     """timed runs per measurement (median reported)"""
-    warmup: int = 2
+    warmup: NonNegativeInt = 2
     """untimed runs before timing"""
-    threads: int = 1
+    threads: PositiveInt = 1
     """torch intra-op threads"""
     device: str = "cpu"
     """cpu or cuda"""
-    dense_limit: int = 64
+    dense_limit: NonNegativeInt = 64
     """largest n for which NSAC with every key (K = n, quadratic) is also measured"""
     seed: int = 0
     """seed for weights and inputs"""

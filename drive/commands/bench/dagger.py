@@ -57,7 +57,7 @@ class Config:
     """retraining epochs per round"""
     set: tuple[str, ...] = ("task.stride=4", "encoder.d_model=32", "n_heads=4", "backbone_units=8")
     """retraining overrides (as C0's command)"""
-    workers: int = 1
+    workers: PositiveInt = 1
     """parallel episodes (DAgger and eval)"""
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from drive.learn import offline, offline_results
 from drive.observe.report import write_report
+from drive.options import PositiveInt
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,15 @@ class Config:
     """datasets by lower-case name (uci: boston, kin8nm, ...; forecast: ettm1, jena; default: the task's)"""
     controllers: tuple[str, ...] = ("all",)
     """table rows: all (the task's controllers) or controller / variant names"""
-    seeds: int | None = None
+    seeds: PositiveInt | None = None
     """runs per cell, seeds 0..N-1 = the protocol's splits (default: the task's first-run count)"""
-    epochs: int | None = None
+    epochs: PositiveInt | None = None
     """maximum epochs of every cell (default: the task's)"""
     set: tuple[str, ...] = ()
     """KEY=VALUE overrides for every cell (as drive train --set)"""
     data: str | None = None
     """the task's --data (the data root for uci / forecast; default: the data root rule)"""
-    threads: int = 1
+    threads: PositiveInt = 1
     """torch CPU threads per run"""
     device: str = "cpu"
     """torch device"""

@@ -33,6 +33,7 @@ from datasets.root import REPO, data_root
 from drive.checkpoint import load_controller
 from drive.errors import UserError
 from drive.loop.udacity import SpeedConfig, SpeedController, SteeringPolicy
+from drive.options import NonNegativeInt, PositiveInt
 from sim_bridges.udacity import UdacityEnv
 from sim_bridges.udacity_protocol import decode_jpeg
 from sim_bridges.udacity_server import DEFAULT_SERVER
@@ -46,17 +47,17 @@ class Config:
     """a trained controller checkpoint (default: the shipped Udacity NSAC); '' measures an untrained controller"""
     controller: str = "nsac"
     """registry name of the untrained controller"""
-    d_model: int = 32
+    d_model: PositiveInt = 32
     """token width of the untrained controller's nvidia encoder (the udacity task's default)"""
-    n_samples: int = 16
+    n_samples: PositiveInt = 16
     """stochastic samples per prediction (S)"""
-    frames: int = 300
+    frames: PositiveInt = 300
     """timed round trips per run"""
-    warmup: int = 30
+    warmup: NonNegativeInt = 30
     """round trips discarded first"""
     data: str = ""
     """driving_log.csv (or its directory) to replay (default: udacity_sim in $DRIVE_DATA_ROOT or ../shared/data)"""
-    threads: int = 1
+    threads: PositiveInt = 1
     """torch CPU threads"""
     out: str = ""
     """write the results as JSON here"""
