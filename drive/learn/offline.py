@@ -207,6 +207,9 @@ def _train_cell(grid: Grid, cell: Cell) -> dict[str, Any]:
     state = cell_state(cell)
     if state == "done":  # finished by another process meanwhile
         return _record(cell, "done", 0.0)
+    if state == "partial" and _recorded(cell, "agents_sha") not in (None, AGENTS_SHA):
+        _set_aside(cell.run_dir, "interrupted under other agents/ code")  # resuming would mix controller versions
+        state = "new"
     t0 = time.perf_counter()
     request = TrainRequest(controller=cell.controller, out=cell.run_dir, task=grid.task, data=grid.data,
                            epochs=grid.epochs, seed=cell.seed, resume=state == "partial", overrides=cell.overrides,

@@ -54,6 +54,9 @@ def test_tiny_grid_tables_plots_and_resume(shared_data, tmp_path):
     stamp = kept.stat().st_mtime_ns
     shutil.rmtree(out / "runs/yacht/mcd/seed1")
     (out / "runs/yacht/gmle/seed1/metrics.json").unlink()
+    # and one interrupted under other agents/ code: resuming it would mix controller versions, so set aside
+    config = out / "runs/yacht/gmle/seed1/config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "agents_sha": "older"}))
     # and one that cannot resume (here a corrupt resume.pt; in practice: controller code changed since): set aside
     (out / "runs/yacht/mcd/seed0/metrics.json").unlink()
     (out / "runs/yacht/mcd/seed0/resume.pt").write_bytes(b"not a checkpoint")
@@ -62,6 +65,8 @@ def test_tiny_grid_tables_plots_and_resume(shared_data, tmp_path):
     status = {(c["row"], c["seed"]): c["status"] for c in results["cells"]}
     assert status == {("gmle", 0): "done", ("mcd", 0): "trained", ("gmle", 1): "trained", ("mcd", 1): "trained"}
     assert len(list((out / "runs/yacht/mcd").glob("seed0.stale-*"))) == 1
+    assert len(list((out / "runs/yacht/gmle").glob("seed1.stale-*"))) == 1
+    assert json.loads(config.read_text())["agents_sha"] == offline.AGENTS_SHA
     assert json.loads((out / "runs/yacht/mcd/seed0/config.json").read_text())["agents_sha"] == offline.AGENTS_SHA
     assert kept.stat().st_mtime_ns == stamp
     assert len(results["tables"][0]["rows"][1]["seeds"]) == 2
