@@ -124,6 +124,14 @@ def _broken(tmp_path: Path, source: Path, edit) -> Path:
     return path
 
 
+def _refused_at(reader, path, line: int, what: str) -> None:
+    """`reader(path)` fails with one line that starts with PATH:LINE and says `what`."""
+    with pytest.raises(BearingFileError) as err:
+        reader(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}:{line}: ") and what in message and "\n" not in message
+
+
 @pytest.mark.parametrize(
     ("edit", "line", "what"),
     [
@@ -137,10 +145,7 @@ def _broken(tmp_path: Path, source: Path, edit) -> Path:
 )
 def test_malformed_acc_names_file_and_line(fixtures, tmp_path, edit, line, what):
     path = _broken(tmp_path, fixtures / ACC[0], edit)
-    with pytest.raises(BearingFileError) as err:
-        read_pronostia_acc(path)
-    message = str(err.value)
-    assert message.startswith(f"{path}:{line}: ") and what in message and "\n" not in message
+    _refused_at(read_pronostia_acc, path, line, what)
 
 
 def test_xjtu_header_missing(tmp_path):
@@ -164,10 +169,7 @@ def test_unwrap_days_across_midnight():
 )
 def test_malformed_semicolon_temp_names_file_and_line(fixtures, tmp_path, edit, line, what):
     path = _broken(tmp_path, fixtures / TEMP[1], edit)
-    with pytest.raises(BearingFileError) as err:
-        read_pronostia_temp(path)
-    message = str(err.value)
-    assert message.startswith(f"{path}:{line}: ") and what in message and "\n" not in message
+    _refused_at(read_pronostia_temp, path, line, what)
 
 
 def test_xjtu_malformed_value_names_file_and_line(tmp_path):

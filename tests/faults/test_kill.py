@@ -36,6 +36,13 @@ def _run(args, cwd, kill_after: float | None = None) -> int | None:
         return -9
 
 
+def _kill_rounds(args, cwd, rng: random.Random, n: int, window: tuple[float, float], tally) -> None:
+    """Start the command n times into the same output, each SIGKILLed at a seeded moment in `window` seconds."""
+    for _ in range(n):
+        if _run(args, cwd, kill_after=rng.uniform(*window)) == -9:
+            tally["kill_points"] += 1
+
+
 def _same_dataset(out, expected: dict, tally, point: int) -> None:
     """The rerun's dataset equals the uninterrupted one (seed -> sha256); lost / duplicated episodes counted."""
     got = [(e["seed"], e["sha256"]) for e in Demonstrations(out, verify=True).episodes]
@@ -57,9 +64,7 @@ def test_collection_killed_at_random_moments(tmp_path, tally):
     rng = random.Random(7)
     for point in range(3):
         out = tmp_path / f"killed{point}"
-        for _ in range(3):  # several kills into the same directory before it is allowed to finish
-            if _run([*COLLECT, str(out)], tmp_path, kill_after=rng.uniform(2.5, 6.0)) == -9:
-                tally["kill_points"] += 1
+        _kill_rounds([*COLLECT, str(out)], tmp_path, rng, 3, (2.5, 6.0), tally)  # several kills, then it may finish
         _run([*COLLECT, str(out)], tmp_path)
         _same_dataset(out, expected, tally, point)
 
@@ -133,11 +138,10 @@ def test_dagger_killed_at_random_moments(tmp_path, tally):
     for point in range(2):
         out = tmp_path / f"killed{point}"
         for _ in range(2):
-            if _run([*dagger, str(out)], tmp_path, kill_after=rng.uniform(3.0, 7.0)) == -9:
-                tally["kill_points"] += 1
-                if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text())["pending"]:
-                    with pytest.raises(DemonstrationError, match="incomplete"):
-                        Demonstrations(out)  # a stopped run is never mistaken for a dataset
+            _kill_rounds([*dagger, str(out)], tmp_path, rng, 1, (3.0, 7.0), tally)
+            if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text())["pending"]:
+                with pytest.raises(DemonstrationError, match="incomplete"):
+                    Demonstrations(out)  # a stopped run is never mistaken for a dataset
         _run([*dagger, str(out)], tmp_path)
         _same_dataset(out, expected, tally, point)
 
@@ -161,9 +165,7 @@ def test_bench_offline_killed_at_random_moments(tmp_path, tally):
     rng = random.Random(19)
     for point in range(2):
         out = tmp_path / f"killed{point}"
-        for _ in range(2):
-            if _run([*BENCH, str(out)], tmp_path, kill_after=rng.uniform(5.0, 20.0)) == -9:
-                tally["kill_points"] += 1
+        _kill_rounds([*BENCH, str(out)], tmp_path, rng, 2, (5.0, 20.0), tally)
         _run([*BENCH, str(out)], tmp_path)
         got = cells(out)
         tally["lost_episodes"] += len(set(expected) - set(got))  # (cells here)
