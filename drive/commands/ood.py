@@ -40,7 +40,7 @@ class Config:
     perturb: str = "noise:0.1,blur:2,occlusion:0.1,brightness:0.5,domain_randomize"
     """perturbations KIND:LEVEL[,...]: noise (std, [0, 1] pixel units), blur (sigma px), occlusion (fraction of the
     frame), brightness (factor), domain_randomize (no level)"""
-    max_episodes: PositiveInt = 8
+    max_episodes: NonNegativeInt = 8
     """test episodes used (0: all)"""
     every: PositiveInt = 10
     """score every N-th step of each test episode"""

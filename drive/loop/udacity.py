@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -25,7 +26,8 @@ from datasets.udacity import preprocess
 from drive.checkpoint import CheckpointError, load_controller
 from drive.errors import UserError
 from drive.loop.rollout import PolicyOutput, RoadStep, SpeedStep, StepPrediction
-from drive.options import NonNegativeFloat, PositiveFloat
+from drive.options import NonNegativeFloat, Port, PositiveFloat
+from sim_bridges.udacity_server import DEFAULT_SERVER
 from sim_bridges.udacity_transport import SERVERS, TransportError, import_eventlet
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,23 @@ class SteeringPolicy:
         throttle, target, gated = self.speed(v, steering, epistemic_std=epi, total_std=math.hypot(ale, epi))
         return PolicyOutput(np.array([steering, throttle], np.float32), prediction=pred,
                             latency_ms=1e3 * (time.perf_counter() - t0), speed=SpeedStep(v, target, gated))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BridgeOptions:
+    """The bridge's server options, shared by `drive udacity drive` and `drive udacity record`."""
+
+    host: str = "127.0.0.1"
+    """address to listen on (the simulator connects to 127.0.0.1)"""
+    port: Port = 4567
+    """port to listen on (the simulator's is 4567; 0 picks a free one, the URL is printed)"""
+    connect_timeout_s: PositiveFloat = 300.0
+    """seconds to wait for the simulator to connect and send its first frame"""
+    ping_interval_s: PositiveFloat = 25.0
+    """engine.io ping interval of the server (the simulator's own is 25 s)"""
+    server: Literal["threading", "eventlet"] = DEFAULT_SERVER  # type: ignore[assignment]
+    """the bridge's server: threading (werkzeug) or eventlet (optional: pip install eventlet==0.41.3); the default is
+    the one `drive bench udacity` measured faster"""
 
 
 def checked_server(kind: str) -> str:

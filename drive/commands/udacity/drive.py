@@ -23,21 +23,16 @@ from tqdm import tqdm
 
 from drive.errors import UserError
 from drive.loop.rollout import rollout
-from drive.loop.udacity import SpeedConfig, checked_server, make_policy
+from drive.loop.udacity import BridgeOptions, SpeedConfig, checked_server, make_policy
 from drive.observe.udacity import Overlay, StepLog, StopDriving
-from drive.options import NonNegativeInt, Port, PositiveFloat, PositiveInt
+from drive.options import NonNegativeInt, PositiveFloat, PositiveInt
 from sim_bridges.udacity import UdacityEnv
-from sim_bridges.udacity_server import DEFAULT_SERVER
 
 
 @dataclass(frozen=True)
-class Config(SpeedConfig):
+class Config(SpeedConfig, BridgeOptions):
     policy: str = "vision"
     """ckpt:PATH (a trained controller), vision (road follower, simulator camera), vision:carracing (stand-in)"""
-    host: str = "127.0.0.1"
-    """address to listen on (the simulator connects to 127.0.0.1)"""
-    port: Port = 4567
-    """port to listen on (the simulator's is 4567; 0 picks a free one)"""
     n_samples: PositiveInt = 16
     """stochastic samples per prediction (S) for ckpt policies"""
     episodes: PositiveInt = 1
@@ -46,13 +41,6 @@ class Config(SpeedConfig):
     """steps per episode (0 = until the simulator stops sending)"""
     timeout_s: PositiveFloat = 5.0
     """seconds to wait for the next frame before ending the episode"""
-    connect_timeout_s: PositiveFloat = 300.0
-    """seconds to wait for the simulator to connect and send its first frame"""
-    ping_interval_s: PositiveFloat = 25.0
-    """engine.io ping interval of the server (the simulator's own is 25 s)"""
-    server: Literal["threading", "eventlet"] = DEFAULT_SERVER  # type: ignore[assignment]
-    """the bridge's server: threading (werkzeug) or eventlet (optional: pip install eventlet==0.41.3); the default is
-    the one `drive bench udacity` measured faster"""
     display: Literal["auto", "window", "video", "none"] = "auto"
     """overlay: a window, an mp4 in the run directory, or none (auto: window when a display exists)"""
     run_dir: str = ""

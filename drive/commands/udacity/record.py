@@ -16,42 +16,29 @@ session.json, not recorded. An existing DIR is appended to.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
-from drive.loop.udacity import SpeedConfig, checked_server, make_policy
+from drive.loop.udacity import BridgeOptions, SpeedConfig, checked_server, make_policy
 from drive.observe.driving_log import DrivingLogWriter
-from drive.options import NonNegativeInt, Port, PositiveFloat
+from drive.options import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from sim_bridges.udacity import UdacityServer
-from sim_bridges.udacity_server import DEFAULT_SERVER
 
 
 @dataclass(frozen=True)
-class Config:
-    out: str
+class Config(BridgeOptions):
+    out: str = field(kw_only=True)
     """directory for driving_log.csv and IMG/ (appended to if it exists)"""
-    host: str = "127.0.0.1"
-    """address to listen on"""
-    port: Port = 4567
-    """port to listen on (0 picks a free one; the URL is printed)"""
     policy: str = "manual"
     """manual (answer `manual`: the simulator's driver drives), vision, vision:carracing or ckpt:PATH"""
     target_speed_mph: PositiveFloat = 20.0
     """speed target of a driving policy"""
     max_frames: NonNegativeInt = 0
     """stop after recording this many frames (0 = until stopped)"""
-    connect_timeout_s: PositiveFloat = 300.0
-    """seconds to wait for the simulator's first frame"""
-    idle_timeout_s: PositiveFloat = 60.0
+    idle_timeout_s: NonNegativeFloat = 60.0
     """stop when no frame comes for this long (0 = wait forever)"""
-    ping_interval_s: PositiveFloat = 25.0
-    """engine.io ping interval of the server (the simulator's own is 25 s)"""
-    server: Literal["threading", "eventlet"] = DEFAULT_SERVER  # type: ignore[assignment]
-    """the bridge's server: threading (werkzeug) or eventlet (optional: pip install eventlet==0.41.3); the default is
-    the one `drive bench udacity` measured faster"""
 
 
 def run(cfg: Config) -> int:
