@@ -164,15 +164,17 @@ def finished_episodes(root: Path, settings: dict[str, Any]) -> dict[int, dict[st
     if diff:
         detail = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
         raise UserError(f"{root / MANIFEST} was recorded with other settings ({detail}); use another --out")
-    done = {}
-    for ep in read_manifest(root)["episodes"]:
-        path = root / ep["file"]
-        if path.is_file() and path.stat().st_size == ep["bytes"]:
-            done[int(ep["seed"])] = ep
-        else:
-            log.warning("%s: listed in the manifest but missing or the wrong size; recording seed %s again", path,
-                        ep["seed"])  # fmt: skip
-    return done
+    return {int(ep["seed"]): ep for ep in read_manifest(root)["episodes"] if intact(root, ep)}
+
+
+def intact(root: Path, episode: dict[str, Any]) -> bool:
+    """A finished episode a resumed run keeps: its shard is there with the manifest's size (else recorded again)."""
+    path = root / episode["file"]
+    if path.is_file() and path.stat().st_size == episode["bytes"]:
+        return True
+    log.warning("%s: listed in the manifest but missing or the wrong size; recording seed %s again", path,
+                episode["seed"])  # fmt: skip
+    return False
 
 
 @dataclass(frozen=True)

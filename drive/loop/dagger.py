@@ -45,7 +45,7 @@ from datasets.demonstrations import (
 from datasets.files import clean_temp
 from datasets.frames import LEGACY_CODING
 from drive.errors import UserError
-from drive.loop.collect import lock
+from drive.loop.collect import intact, lock
 from drive.loop.envs import make_env
 from drive.loop.fallback import FallbackConfig
 from drive.loop.policies import ControllerPolicy
@@ -224,7 +224,7 @@ def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) ->
                 _link(Path(opts.data) / ep["file"], root / ep["file"])
             episodes.append(ep)
         done = {int(e["seed"]): e for e in (earlier or {}).get("episodes", []) if e.get("dagger")}
-        done = {s: e for s, e in done.items() if _intact(root, e)}
+        done = {s: e for s, e in done.items() if intact(root, e)}
         todo = [s for s in seeds if s not in done]
         if len(todo) < len(seeds):
             log.info("resuming %s: %d of %d DAgger episodes already recorded", root, len(seeds) - len(todo), len(seeds))
@@ -247,12 +247,3 @@ def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) ->
         return new
     finally:
         handle.close()
-
-
-def _intact(root: Path, episode: dict[str, Any]) -> bool:
-    path = root / episode["file"]
-    if path.is_file() and path.stat().st_size == episode["bytes"]:
-        return True
-    log.warning("%s: listed in the manifest but missing or the wrong size; recording seed %s again", path,
-                episode["seed"])  # fmt: skip
-    return False
