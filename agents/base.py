@@ -14,6 +14,12 @@ Targets are standardised inside the controller with statistics fitted on the tra
 held as buffers so they travel with the state_dict; `moments` and `predict` always answer in original units and
 `loss` takes targets in original units. Subclasses implement `_moments` and `_loss` in standardised units.
 Deep evidential regression overrides `predict` with its closed form.
+
+Aleatoric temperature: a (D,) buffer `aleatoric_temperature` (1 after training) multiplies the predicted noise std,
+var_s -> T^2 var_s, in `moments` and `predict`; the per-sample means, hence the action and the epistemic variance
+(the fallback gate's and the OOD detector's signal), are untouched. `drive calibrate` fits it post hoc on nominal laps
+against the shadow expert (drive/loop/calibrate.py) and stores it in the checkpoint; files written before it existed
+load with T = 1.
 """
 
 from __future__ import annotations
@@ -59,12 +65,19 @@ class Controller(nn.Module):
     internal_indices: ClassVar[tuple[str, ...]] = ()
     y_loc: Tensor  # (D,) buffers: the training targets' mean and std
     y_scale: Tensor
+    aleatoric_temperature: Tensor  # (D,) buffer: post-hoc factor on the predicted noise std (1: as trained)
 
     def __init__(self, out_dim: int):
         super().__init__()
         self.out_dim = out_dim
         self.register_buffer("y_loc", torch.zeros(out_dim))
         self.register_buffer("y_scale", torch.ones(out_dim))
+        self.register_buffer("aleatoric_temperature", torch.ones(out_dim))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # files written before the temperature existed hold none: T = 1 (as trained); load_state_dict passes a copy
+        state_dict.setdefault(prefix + "aleatoric_temperature", torch.ones(self.out_dim))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- standardisation -------------------------------------------------------------------------------------------
     def set_target_stats(self, loc: Tensor, scale: Tensor) -> None:
@@ -74,11 +87,22 @@ class Controller(nn.Module):
     def _standardise(self, y: Tensor) -> Tensor:
         return (y - self.y_loc) / self.y_scale
 
+    def set_aleatoric_temperature(self, temperature: Tensor) -> None:
+        """T (D,) or scalar, > 0: the predicted noise std is multiplied by it from now on (1 undoes calibration)."""
+        t = torch.as_tensor(temperature, dtype=self.aleatoric_temperature.dtype).expand(self.out_dim)
+        if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+            raise ValueError(f"an aleatoric temperature must be finite and > 0, got {t.tolist()}")
+        self.aleatoric_temperature.copy_(t)
+
+    def _var_scale(self) -> Tensor:
+        """(D,) factor from standardised noise variance to calibrated variance in original units."""
+        return self.y_scale**2 * self.aleatoric_temperature**2
+
     # -- the interface ---------------------------------------------------------------------------------------------
     def moments(self, x: Tensor, n_samples: int = 1, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Per-sample Gaussian moments in original units, each (S, B, D)."""
         mu, var = self._moments(x, n_samples, generator)
-        return mu * self.y_scale + self.y_loc, var * self.y_scale**2
+        return mu * self.y_scale + self.y_loc, var * self._var_scale()
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         """Training loss (scalar) for targets y (B, D) in original units."""

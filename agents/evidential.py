@@ -107,7 +107,7 @@ class DeepEvidential(Controller):
         aleatoric = beta / (alpha - 1)  # E[sigma^2]
         epistemic = aleatoric / nu  # Var[mu]
         scale2 = self.y_scale**2
-        return Prediction(gamma * self.y_scale + self.y_loc, aleatoric * scale2, epistemic * scale2)
+        return Prediction(gamma * self.y_scale + self.y_loc, aleatoric * self._var_scale(), epistemic * scale2)
 
     def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         gamma, nu, alpha, beta = self.nig(x)  # (B, D) each

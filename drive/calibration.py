@@ -14,6 +14,11 @@ one scalar is fitted).
   coverage >= c on exchangeable test data (Vovk et al.; Lei et al. 2018). As a scale on the std: s = q / z_{(1+c)/2},
   so the Gaussian central c-interval of the rescaled std is exactly the conformal interval. ceil((n + 1) c) > n
   (too few calibration cases for c) gives q = inf.
+- Aleatoric temperature at a target coverage: only the noise part of a total-variance predictive is rescaled,
+  N(mean, T^2 a + v) (a aleatoric, v epistemic variance), so the epistemic signal stays as it is. Case i is covered
+  by the central c-interval iff |y_i - mean_i| <= z sqrt(T^2 a_i + v_i), i.e. iff T >= t_i with
+  t_i = sqrt(max(0, (r_i / z)^2 - v_i) / a_i); the finite-sample conformal choice is the ceil((n + 1) c)-th
+  smallest t_i (coverage >= c on exchangeable data, as above), one T per output dimension.
 - Width at matched coverage: conformal scale fitted on the calibration split, then mean width and achieved coverage
   of the rescaled c-intervals on the test split.
 For sample-based predictives (SA, SWAG, ...): summarise by the sample mean and std, or `rescale_samples` to apply a
@@ -106,3 +111,19 @@ def rescale_samples(samples, scale) -> Tensor:
     (samples,) = _t(samples)
     center = samples.mean(0, keepdim=True)
     return center + torch.as_tensor(scale, dtype=samples.dtype) * (samples - center)
+
+
+def fit_aleatoric_temperature(mean, aleatoric_var, epistemic_var, y, coverage: float = 0.9) -> Tensor:
+    """T (D,) per output column of (N, D) arrays: the smallest factor on the aleatoric std whose central
+    `coverage`-interval of N(mean, T^2 a + v) covers ceil((N + 1) coverage) of the N cases (inf if N is too few)."""
+    z = gaussian_quantile(coverage)
+    mean, a, v, y = _t(mean, aleatoric_var, epistemic_var, y)
+    if (a <= 0).any():
+        raise ValueError("every aleatoric variance must be positive")
+    need = (((y - mean).abs() / z).square() - v).clamp_min(0)  # (N, D): T^2 a_i must reach this
+    t = (need / a).sqrt()  # (N, D) the smallest T covering case i
+    n = t.shape[0]
+    k = math.ceil((n + 1) * coverage)
+    if k > n:
+        return torch.full((t.shape[1],), math.inf, dtype=t.dtype)
+    return t.kthvalue(k, dim=0).values  # (D,)

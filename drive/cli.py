@@ -36,6 +36,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("ood",): "Offline OOD detection: each controller's uncertainty on test frames vs perturbed camera frames.",
     ("replay",): "Render an episode trace to a video with the uncertainty overlay.",
     ("drive",): "Drive live with the uncertainty overlay (pygame window, video when headless).",
+    ("calibrate",): "Fit a controller's aleatoric temperature on nominal laps (shadow-expert coverage), store it.",
     ("fallback", "calibrate"): "Calibrate a controller's fallback threshold on nominal laps, store it in the file.",
     ("udacity", "drive"): "Drive the Udacity simulator over socket.io with a controller.",
     ("udacity", "record"): "Record the Udacity simulator in its own driving_log.csv format.",

@@ -97,3 +97,30 @@ def test_rescale_samples_scales_the_spread_around_the_sample_mean():
     torch.testing.assert_close(out.std(0), 2.5 * samples.std(0))
     with pytest.raises(ValueError, match="positive"):
         fit_temperature(torch.zeros(3), torch.zeros(3), torch.ones(3))
+
+
+def test_aleatoric_temperature_reaches_its_coverage_on_held_out_cases_and_leaves_the_epistemic_part():
+    """Outcomes drawn from N(m, 4 a + v): only the aleatoric part is 2x too narrow; the fitted T (per column) is
+    ~2, and the tempered interval covers ~90 % of fresh cases, where T = 1 covers far fewer."""
+    from drive.calibration import fit_aleatoric_temperature
+
+    def draw(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        m = torch.randn(n, 2, generator=g, dtype=torch.float64)
+        a = torch.rand(n, 2, generator=g, dtype=torch.float64) * 0.5 + 0.05
+        v = torch.rand(n, 2, generator=g, dtype=torch.float64) * 0.05
+        y = m + torch.randn(n, 2, generator=g, dtype=torch.float64) * (4 * a + v).sqrt()
+        return m, a, v, y
+
+    t = fit_aleatoric_temperature(*draw(4000, 0), coverage=0.9)
+    assert t.shape == (2,) and torch.allclose(t, torch.full((2,), 2.0, dtype=t.dtype), atol=0.12)
+    m, a, v, y = draw(4000, 1)
+    z = gaussian_quantile(0.9)
+    covered = lambda tt: ((y - m).abs() <= z * (tt**2 * a + v).sqrt()).double().mean(0)  # noqa: E731
+    assert torch.all((covered(t) - 0.9).abs() < 0.02)
+    assert torch.all(covered(torch.ones(2, dtype=t.dtype)) < 0.7)
+    # the finite-sample rule: ceil((n + 1) c) > n -> no finite T
+    assert math.isinf(fit_aleatoric_temperature(*(x[:5] for x in draw(5, 2)), coverage=0.9)[0].item())
+    # a case the epistemic spread alone already covers needs no aleatoric widening at all
+    t0 = fit_aleatoric_temperature(torch.zeros(3, 1), torch.ones(3, 1), torch.ones(3, 1), torch.zeros(3, 1), 0.5)
+    assert t0.item() == 0.0
