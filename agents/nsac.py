@@ -123,6 +123,10 @@ class NSACConfig:
     """input surrogate: std of a Gaussian gain N(1, ood_gain^2) per sample and token (a frame's contrast)"""
     ood_offset: float = 0.5
     """input surrogate: std of a Gaussian offset per sample and token, in units of the input std (its brightness)"""
+    ood_noise_share: float = 0.5
+    """input surrogate: share of the samples given additive noise (the others get gain/offset)"""
+    ood_scale_min: float = 1.0
+    """input surrogate: each noisy sample's std is ood_scale x U(ood_scale_min, 1) (1: always ood_scale)"""
 
     def __post_init__(self):
         d, h = self.encoder.d_model, self.n_heads
@@ -142,6 +146,8 @@ class NSACConfig:
             or self.reg_eps <= 0
         ):
             raise ValueError("NSACConfig.noise_scale, ood_scale, reg_weight, var_eps must be >= 0 and reg_eps > 0")
+        if not (0 <= self.ood_noise_share <= 1 and 0 <= self.ood_scale_min <= 1):
+            raise ValueError("NSACConfig.ood_noise_share and ood_scale_min must be in [0, 1]")
         if self.ood_at not in ("heads", "input"):
             raise ValueError(f"NSACConfig.ood_at={self.ood_at!r}: choose heads or input")
         if self.reg_form not in ("anchored", "paper"):
@@ -211,16 +217,22 @@ class NSAC(Controller):
         return self._attend(x, tokens, normed, n_samples, generator, sample)
 
     def ood_inputs(self, x: Tensor) -> Tensor:
-        """The OOD surrogate on the model input, per sample one of two Gaussian perturbations (each half the batch in
-        expectation): x + s xi, xi ~ N(0, I) per element, s = ood_scale std(x); or x g + o with a gain g ~ N(1,
-        ood_gain^2) and an offset o ~ N(0, (ood_offset std(x))^2) per sample and token (each frame of a stack)."""
+        """The OOD surrogate on the model input, per sample one of two Gaussian perturbations (ood_noise_share of the
+        batch in expectation gets the first): x + s xi, xi ~ N(0, I) per element, s = ood_scale U(ood_scale_min, 1)
+        std(x); or x g + o with a gain g ~ N(1, ood_gain^2) and an offset o ~ N(0, (ood_offset std(x))^2) per sample
+        and token (each frame of a stack)."""
         xf = x.float()
         std = xf.std()
         shape = (*xf.shape[:2], *([1] * (xf.dim() - 2))) if xf.dim() >= 3 else (xf.shape[0], 1)
         gain = 1 + self.cfg.ood_gain * torch.randn(shape, dtype=xf.dtype, device=xf.device)
         offset = self.cfg.ood_offset * std * torch.randn(shape, dtype=xf.dtype, device=xf.device)
-        noisy = xf + self.cfg.ood_scale * std * torch.randn_like(xf)
-        pick = torch.rand((xf.shape[0], *([1] * (xf.dim() - 1))), device=xf.device) < 0.5  # (B, 1, ...)
+        per_sample = (xf.shape[0], *([1] * (xf.dim() - 1)))  # (B, 1, ...)
+        scale = self.cfg.ood_scale * std
+        if self.cfg.ood_scale_min < 1:  # (drawn only then: the default keeps the random stream of earlier runs)
+            low = self.cfg.ood_scale_min
+            scale = scale * (low + (1 - low) * torch.rand(per_sample, device=xf.device))
+        noisy = xf + scale * torch.randn_like(xf)
+        pick = torch.rand(per_sample, device=xf.device) < 1 - self.cfg.ood_noise_share
         return torch.where(pick, xf * gain + offset, noisy)
 
     def ood_tokens(self, normed: Tensor) -> Tensor:
