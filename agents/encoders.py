@@ -7,7 +7,9 @@ One backbone for all methods, so a comparison between NSAC and a baseline change
 - `frames`:   a frame stack (B, T, 84, 84), uint8 or float in [0, 255] -> a small CNN per frame, one token per
               frame, so the frame stack is the time axis (the NSAC CarRacing experiment), (B, T, d).
 - `nvidia`:   a YUV image (B, 3, 66, 200) in [0, 255] -> the NVIDIA PilotNet convolution stack (Bojarski et al.
-              2016); each column of the last feature map is one token, (B, 18, d).
+              2016); each column of the last feature map is one token, (B, 18, d). in_dim = F > 1 frames stacked on
+              the channel axis (B, 3 F, 66, 200), oldest first (datasets/udacity_history.py): early fusion, the first
+              convolution sees every frame.
 - `patches`:  a look-back window (B, L, C), L = n_tokens steps -> PatchTST patches (Nie et al. 2023): patch length
               16, stride 8, the window end-padded by repeating its last step 8 times; each patch of all C = in_dim
               channels is one token (linear embedding + learned position), (B, (L - 16) // 8 + 2, d).
@@ -28,7 +30,8 @@ class EncoderConfig:
     kind: str = "features"
     """one of: features, sequence, frames, nvidia, patches"""
     in_dim: int = 1
-    """features: number of input features; sequence/patches: features (channels) per step; frames/nvidia: ignored"""
+    """features: number of input features; sequence/patches: features (channels) per step; nvidia: frames stacked
+    (1: one image); frames: ignored"""
     n_tokens: int = 4
     """sequence/patches: number of steps; frames: frames in the stack; features: ignored (= in_dim)"""
     d_model: int = 64
@@ -81,7 +84,7 @@ class NvidiaTokens(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cnn = nn.Sequential(
-            nn.Conv2d(3, 24, 5, stride=2), nn.ELU(),   # 66x200 -> 31x98
+            nn.Conv2d(3 * max(1, cfg.in_dim), 24, 5, stride=2), nn.ELU(),   # 66x200 -> 31x98
             nn.Conv2d(24, 36, 5, stride=2), nn.ELU(),  # -> 14x47
             nn.Conv2d(36, 48, 5, stride=2), nn.ELU(),  # -> 5x22
             nn.Conv2d(48, 64, 3), nn.ELU(),            # -> 3x20
@@ -90,7 +93,7 @@ class NvidiaTokens(nn.Module):
         self.proj = nn.Linear(64, cfg.d_model)
         self.position = nn.Parameter(torch.zeros(18, cfg.d_model))
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, 3, 66, 200) -> (B, 18, d)
+    def forward(self, x: Tensor) -> Tensor:  # (B, 3 F, 66, 200) -> (B, 18, d)
         fmap = self.cnn(x.float() / 127.5 - 1.0)  # (B, 64, 1, 18)
         tokens = fmap.flatten(2).transpose(1, 2)  # (B, 18, 64)
         return torch.relu(self.proj(tokens)) + self.position
@@ -139,6 +142,12 @@ ENCODERS: dict[str, type[nn.Module]] = {
     "patches": PatchTokens,
     "ft_features": FTFeatureTokens,
 }
+
+
+def input_frames(model: nn.Module) -> int:
+    """How many camera frames an `nvidia`-encoder controller stacks per input (1 for every other encoder)."""
+    encoder = getattr(getattr(model, "cfg", None), "encoder", None)
+    return max(1, int(encoder.in_dim)) if isinstance(encoder, EncoderConfig) and encoder.kind == "nvidia" else 1
 
 
 def build_encoder(cfg: EncoderConfig) -> nn.Module:

@@ -82,7 +82,7 @@ def example_input(encoder: EncoderConfig, batch: int = 4, seed: int = 0) -> Tens
     if encoder.kind == "frames":
         return torch.randint(0, 256, (batch, encoder.n_tokens, *PIXELS["frames"]), generator=g, dtype=torch.uint8)
     if encoder.kind == "nvidia":
-        return torch.rand(batch, 3, *PIXELS["nvidia"], generator=g) * 255
+        return torch.rand(batch, 3 * max(1, encoder.in_dim), *PIXELS["nvidia"], generator=g) * 255
     if encoder.kind in ("sequence", "patches"):
         return torch.randn(batch, encoder.n_tokens, encoder.in_dim, generator=g)
     return torch.randn(batch, encoder.in_dim, generator=g)

@@ -4,7 +4,8 @@ No simulator, no training: each log is read in any variant `datasets.udacity.rea
 `", "`, relative, Windows or POSIX paths), every center frame goes through `datasets.udacity.preprocess` (what
 training and `drive udacity drive` use), the controller predicts in batches of `batch_size` with S samples, and the
 predictive Gaussian (mean, aleatoric + epistemic variance) is scored against the recorded steering with
-`drive.metrics`: MSE, MAE, NLL, CRPS, ECE, coverage and width of the central 90 % interval. For scale,
+`drive.metrics` (a controller taking F frames gets each frame stacked with its F - 1 predecessors of the same
+segment, as in training): MSE, MAE, NLL, CRPS, ECE, coverage and width of the central 90 % interval. For scale,
 `mse_mean_predictor` is the MSE of always predicting the checkpoint's training mean steering (`train_mean_steering`
 in its data fingerprint; older checkpoints: the training-target mean the trainer standardised with, `y_loc`), and
 `mse_ratio` = mse / mse_mean_predictor. A row naming a missing image, or an image that does not decode, is an error
@@ -27,8 +28,10 @@ import torch
 from tqdm.auto import tqdm
 
 from agents.base import Prediction
+from agents.encoders import input_frames
 from datasets.files import atomic_path
 from datasets.udacity import UdacityLogError, load_row_frame, preprocess, read_log
+from datasets.udacity_history import history_rows, stack_history
 from datasets.udacity_laps import frame_times
 from drive import metrics
 from drive.checkpoint import CheckpointError, load_controller
@@ -95,7 +98,7 @@ def predict_frames(model, x: np.ndarray, n_samples: int | None, seed: int, batch
     generator = torch.Generator().manual_seed(seed)
     parts = []
     for start in range(0, len(x), batch_size):
-        batch = torch.from_numpy(x[start : start + batch_size])  # (B, 3, 66, 200) uint8
+        batch = torch.from_numpy(x[start : start + batch_size])  # (B, 3 F, 66, 200) uint8
         parts.append(model.predict(batch, n_samples, generator))
     return Prediction(*(torch.cat(ts) for ts in zip(*parts, strict=True)))
 
@@ -126,10 +129,11 @@ def evaluate_recordings(ckpt: str | Path, data: str, *, n_samples: int | None = 
     for path in paths:
         log_, x, rows, bad = _frames(path, skip_bad, progress)
         skipped += bad
+        t = frame_times([log_.center[i] for i in rows])
+        x = stack_history(x, history_rows(t, input_frames(model)))  # (N, 3 F, 66, 200): F = 1 leaves x as is
         t0 = time.perf_counter()
         pred = predict_frames(model, x, n_samples, seed, batch_size)
         log.info("%s: %d frames predicted in %.1f s", log_.path, len(x), time.perf_counter() - t0)
-        t = frame_times([log_.center[i] for i in rows])
         scored.append(Scored(log_.path.parent.name, t, log_.steering[rows], pred, log_.line[rows]))
         per[str(log_.path)] = score(log_.steering[rows], pred, train_mean)
     y = np.concatenate([s.y for s in scored])

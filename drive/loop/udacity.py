@@ -1,8 +1,9 @@
 """Driving the Udacity simulator: the policies `drive udacity drive` and `drive udacity record` run.
 
 - `ckpt:PATH` (`SteeringPolicy`): a controller trained on Udacity frames; each frame goes through
-  `datasets.udacity.preprocess` (the very function training used) and `predict(x, n_samples)`; its mean is the
-  steering and its aleatoric/epistemic variances feed the speed controller;
+  `datasets.udacity.preprocess` (the very function training used), stacked with the previous ones when the
+  controller takes several (`datasets.udacity_history.FrameHistory`, reset per connection), and
+  `predict(x, n_samples)`; its mean is the steering and its aleatoric/epistemic variances feed the speed controller;
 - `vision` (the simulator's camera) / `vision:carracing` (the CarRacing stand-in's top-down view): the classical
   road follower `agents.experts.road_follower`, from the frame alone.
 Speed controller: a PD loop on the speed error towards a target lowered by the steering (|steering| *
@@ -21,8 +22,10 @@ from typing import Literal
 import numpy as np
 import torch
 
+from agents.encoders import input_frames
 from agents.experts.road_follower import RoadFollower, RoadFollowerConfig
 from datasets.udacity import preprocess
+from datasets.udacity_history import FrameHistory
 from drive.checkpoint import CheckpointError, load_controller
 from drive.errors import UserError
 from drive.loop.rollout import PolicyOutput, RoadStep, SpeedStep, StepPrediction
@@ -113,12 +116,14 @@ class SteeringPolicy:
     def __init__(self, model, n_samples: int, seed: int, speed: SpeedController):
         self.model, self.n_samples, self.speed = model, int(n_samples), speed
         self.generator = torch.Generator().manual_seed(seed)
+        self.history = FrameHistory(input_frames(model))  # a multi-frame controller's previous frames
 
     def reset(self, seed=None) -> None:
         self.speed.reset()
+        self.history.reset()
 
     def predict(self, rgb: np.ndarray) -> StepPrediction:
-        x = torch.from_numpy(preprocess(rgb))[None]  # (1, 3, 66, 200) uint8 YUV
+        x = torch.from_numpy(self.history.push(preprocess(rgb)))[None]  # (1, 3 F, 66, 200) uint8 YUV
         with torch.inference_mode():
             pred = self.model.predict(x, self.n_samples, self.generator)
         return StepPrediction(pred.mean[0].numpy(), pred.aleatoric_var[0].numpy(), pred.epistemic_var[0].numpy())

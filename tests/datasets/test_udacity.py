@@ -406,7 +406,8 @@ def _recording(log, smooth=0.0):
     from drive.learn.tasks.udacity import Recording
 
     t = frame_times(log.center)
-    return Recording(log, log.steering, smooth_labels(log.steering, t, smooth), t)
+    history = np.arange(len(t))[:, None]  # one frame per input
+    return Recording(log, log.steering, smooth_labels(log.steering, t, smooth), t, history)
 
 
 def test_training_frames_are_deterministic_per_seed_and_epoch():

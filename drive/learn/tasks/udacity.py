@@ -2,6 +2,9 @@
 
 Input: the center camera through `datasets.udacity.preprocess` (crop, 200x66, YUV; (3, 66, 200) uint8), the very
 function `drive udacity drive` applies to live frames, into the NVIDIA PilotNet encoder (EncoderConfig "nvidia").
+`frames` = F > 1 stacks the F most recent frames of the segment, oldest first ((3 F, 66, 200),
+datasets/udacity_history.py, which says what it buys and what it risks); an augmented sample applies the same
+draws (camera, flip, shift, shadow, brightness) to every frame of its stack.
 Target: steering in [-1, 1] (D = 1). Several recordings may be given, comma-separated (e.g. the lake and the mountain
 track); each is read in any log variant `datasets.udacity.read_log` knows.
 
@@ -47,6 +50,7 @@ from tqdm.auto import tqdm
 
 from agents.encoders import EncoderConfig
 from datasets.udacity import AugmentConfig, UdacityLog, augment, decode_frame, preprocess, read_log
+from datasets.udacity_history import history_rows, stack_history
 from datasets.udacity_laps import block_of, block_split, frame_times, random_split, smooth_labels
 from drive import metrics
 from drive.errors import UserError
@@ -91,6 +95,8 @@ class Options:
     """use only a prefix of each log (0: all; for smoke runs)"""
     eval_samples: int = 0
     """stochastic samples per evaluation prediction (0: the controller's default)"""
+    frames: int = 1
+    """camera frames per input, the current one last (2: the previous frame too; see datasets/udacity_history.py)"""
 
 
 class Recording(NamedTuple):
@@ -98,13 +104,14 @@ class Recording(NamedTuple):
     raw: np.ndarray  # (N,) recorded steering (prefix of max_rows)
     labels: np.ndarray  # (N,) training labels: raw or smoothed over time
     t: np.ndarray  # (N,) seconds since the first frame
+    history: np.ndarray  # (N, F) rows each input stacks, oldest first, the row itself last
 
 
 class UdacityFrames(torch.utils.data.Dataset):
-    """(x (3, 66, 200) uint8, y (1,) float32) for `index` rows (recording, row) of the recordings.
+    """(x (3 F, 66, 200) uint8, y (1,) float32) for `index` rows (recording, row) of the recordings.
 
     Training (`augment_cfg` given): augmented on the fly from cached JPEG bytes, targets `labels`; otherwise the
-    center frames are decoded once into `tensors`, targets the raw recorded steering."""
+    center frames (with their history) are decoded once into `tensors`, targets the raw recorded steering."""
 
     def __init__(self, recordings: list[Recording], index: np.ndarray, augment_cfg: AugmentConfig | None = None,
                  seed: int = 0, side_cameras: bool = True):  # fmt: skip
@@ -115,8 +122,14 @@ class UdacityFrames(torch.utils.data.Dataset):
         self.targets = torch.from_numpy(y).unsqueeze(1)  # (N, 1)
         self._bytes: dict = {}  # JPEG bytes by path: ~10 kB per frame compressed, ~150 kB decoded
         if augment_cfg is None:
-            rows = tqdm(self.index, desc="frames", leave=False, disable=None)  # disable=None: silent when not a tty
-            x = np.stack([preprocess(self._frame(recordings[r].log.center[i])) for r, i in rows])  # (N, 3, 66, 200)
+            stacks = [recordings[r].history[i] for r, i in self.index]  # (F,) rows each
+            needed = sorted({(int(r), int(j)) for (r, _), rows in zip(self.index, stacks, strict=True) for j in rows})
+            at = {key: k for k, key in enumerate(needed)}
+            bar = tqdm(needed, desc="frames", leave=False, disable=None)  # disable=None: silent when not a tty
+            decoded = np.stack([preprocess(self._frame(recordings[r].log.center[j])) for r, j in bar])  # (M, 3, H, W)
+            rows = np.array([[at[(int(r), int(j))] for j in h] for (r, _), h in zip(self.index, stacks, strict=True)])
+            n_frames = recordings[0].history.shape[1]
+            x = stack_history(decoded, rows.reshape(len(self.index), n_frames))  # (N, 3 F, 66, 200)
             self.tensors = (torch.from_numpy(x), self.targets)
             self._bytes.clear()
 
@@ -141,10 +154,15 @@ class UdacityFrames(torch.utils.data.Dataset):
         r, row = (int(v) for v in self.index[i])
         rec = self.recordings[r]
         rng = np.random.default_rng([self.seed, self.epoch, r, row])
-        cams = rec.log.cameras(row) if self.side_cameras else (rec.log.center[row], None, None)
-        frames = [None if p is None else partial(self._frame, p) for p in cams]  # decoded only if used
-        rgb, steering = augment(frames, float(rec.labels[row]), rng, self.augment_cfg)
-        return torch.from_numpy(preprocess(rgb)), torch.tensor([steering], dtype=torch.float32)
+        state = rng.bit_generator.state
+        stack, steering = [], float(rec.labels[row])
+        for j in rec.history[row]:  # oldest first; every frame of the stack gets the same draws
+            rng.bit_generator.state = state
+            cams = rec.log.cameras(j) if self.side_cameras else (rec.log.center[j], None, None)
+            frames = [None if p is None else partial(self._frame, p) for p in cams]  # decoded only if used
+            rgb, steering = augment(frames, float(rec.labels[row]), rng, self.augment_cfg)
+            stack.append(preprocess(rgb))
+        return torch.from_numpy(np.concatenate(stack)), torch.tensor([steering], dtype=torch.float32)
 
 
 def data_paths(data: Path) -> list[Path]:
@@ -175,15 +193,16 @@ def _read(opts: Options, path: Path) -> Recording:
     n = min(len(log_), opts.max_rows) if opts.max_rows > 0 else len(log_)
     t = frame_times(log_.center[:n])
     raw = log_.steering[:n]
-    return Recording(log_, raw, smooth_labels(raw, t, opts.smooth_s, opts.max_gap_s), t)
+    history = history_rows(t, opts.frames, opts.max_gap_s)
+    return Recording(log_, raw, smooth_labels(raw, t, opts.smooth_s, opts.max_gap_s), t, history)
 
 
 def _check(opts: Options, data: Path | None) -> list[Path]:
     if data is None:
         raise UserError("task 'udacity' needs --data udacity:DIR[,DIR...] (driving_log.csv and its IMG/ folder)")
-    if not 0.0 <= opts.p_augment <= 1.0 or opts.smooth_s < 0 or opts.gap_s < 0:
-        raise UserError(f"task 'udacity': need p_augment in [0, 1], smooth_s >= 0, gap_s >= 0; got "
-                        f"{opts.p_augment}, {opts.smooth_s}, {opts.gap_s}")  # fmt: skip
+    if not 0.0 <= opts.p_augment <= 1.0 or opts.smooth_s < 0 or opts.gap_s < 0 or not 1 <= opts.frames <= 8:
+        raise UserError(f"task 'udacity': need p_augment in [0, 1], smooth_s >= 0, gap_s >= 0, frames in 1..8; got "
+                        f"{opts.p_augment}, {opts.smooth_s}, {opts.gap_s}, {opts.frames}")  # fmt: skip
     paths = data_paths(data)
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
@@ -225,7 +244,7 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
         train=train,
         val=val,
         test=test,
-        encoder=EncoderConfig(kind="nvidia", d_model=32),
+        encoder=EncoderConfig(kind="nvidia", in_dim=opts.frames, d_model=32),
         out_dim=1,
         target_names=("steering",),
         fingerprint={
@@ -234,6 +253,7 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "data_path": str(data),
             "rows_used": [len(rec.t) for rec in recordings],
             "train_mean_steering": train_mean,
+            "frames": opts.frames,
             "split": {"kind": opts.split, **{f"n_{k}": len(v) for k, v in index.items()}},
             "augment": None if aug is None else aug.__dict__,
         },
