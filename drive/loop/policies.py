@@ -3,10 +3,10 @@
 - `ExpertPolicy`: an expert (reset(), act(state) -> (3,)) as a policy; it acts from info["state"], never pixels.
 - `NoisyPolicy`: DART noise injection (executes label + N(0, std^2), clipped; the label stays the clean action).
 - `ControllerPolicy`: a trained controller. Each step codes the raw frame once with the `ObservationCoder` its
-  training data used (datasets/frames.py), runs one `moments(x, S)` call (NSAC runs its encoder once and samples
-  only its attention head), takes the predictive mean as the action (clipped to the action space), and reports
-  the `StepPrediction`, the controller's `Internals`, the latency, the shadow expert's action and the fallback
-  gate's state in its `PolicyOutput`.
+  training data used (datasets/frames.py), runs one `predict(x, S)` call (NSAC runs its encoder once and samples
+  only its attention head; DER answers in closed form), takes the predictive mean as the action (clipped to the
+  action space), and reports the `StepPrediction`, the controller's `Internals`, the latency, the shadow expert's
+  action and the fallback gate's state in its `PolicyOutput`.
 - The shadow expert acts on info["state"] every step, on the controller's own states, without driving: the
   on-policy label that measures calibration in closed loop (coverage of its steering by the controller's
   intervals, NLL of its action) and the driver a fallback hands over to.
@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from scipy import stats
 
-from agents.base import total_variance
 from datasets.frames import ObservationCoder
 from drive.loop.fallback import FallbackGate
 from drive.loop.rollout import GateStep, Internals, PolicyOutput, StepPrediction
@@ -135,8 +134,9 @@ class ControllerPolicy:
         """One raw (96, 96, 3) frame -> the step's prediction (3,) each, the internals, the latency in ms."""
         t0 = time.perf_counter()
         x = self.coder(frame)  # (1, k, 84, 84)
-        mu, var = self.model.moments(x, self.n_samples, self.generator)  # type: ignore[operator]  # (S, 1, D)
-        pred = total_variance(mu, var)
+        # `predict`, not total_variance(moments): the same for sampled methods, and the closed form where a method
+        # has one (DER: mean gamma, E[sigma^2], E[sigma^2] / nu; one moments() draw would act on a sampled mean)
+        pred = self.model.predict(x, self.n_samples, self.generator)  # type: ignore[operator]  # (1, D) each
         latency_ms = (time.perf_counter() - t0) * 1e3
         step = StepPrediction(pred.mean[0].numpy(), pred.aleatoric_var[0].numpy(), pred.epistemic_var[0].numpy())
         return step, _internals(self.model), latency_ms

@@ -161,3 +161,25 @@ def test_threshold_comes_from_the_argument_the_checkpoint_or_nominal_laps(tmp_pa
     assert again == pytest.approx(value) and "checkpoint" in origin
     after = checkpoint.read(plain)["state_dict"]
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_closed_loop_acts_on_a_closed_form_predictive_where_the_method_has_one():
+    """DER in closed loop: the action is its mean gamma (the same whatever the sampling seed) and its epistemic
+    variance is beta / (nu (alpha - 1)) > 0 — not one inverse-gamma draw with no disagreement to measure."""
+    from agents.encoders import EncoderConfig
+    from agents.registry import CONTROLLERS
+
+    torch.manual_seed(0)
+    model = CONTROLLERS["der"](encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3).build()
+    frame = np.random.default_rng(0).integers(0, 256, (96, 96, 3), dtype=np.uint8)
+    steps = []
+    for seed in (0, 1):
+        policy = ControllerPolicy(model, ObservationCoder("full", "frames", 4), seed=seed)
+        policy.reset(7)
+        steps.append(policy.predict(frame)[0])
+    x = ObservationCoder("full", "frames", 4)(frame)
+    with torch.no_grad():
+        exact = model.predict(x)
+    assert np.array_equal(steps[0].mean, steps[1].mean)
+    assert np.allclose(steps[0].mean, exact.mean[0].numpy()) and (steps[0].epistemic_var > 0).all()
+    assert np.allclose(steps[0].epistemic_var, exact.epistemic_var[0].numpy())
