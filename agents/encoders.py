@@ -8,9 +8,8 @@ One backbone for all methods, so a comparison between NSAC and a baseline change
               frame, so the frame stack is the time axis (the NSAC CarRacing experiment), (B, T, d).
 - `nvidia`:   a YUV image (B, 3, 66, 200) in [0, 255] -> the NVIDIA PilotNet convolution stack (Bojarski et al.
               2016); each column of the last feature map is one token, (B, 18, d). in_dim = F > 1 frames stacked on
-              the channel axis (B, 3 F, 66, 200), oldest first (datasets/udacity_history.py), re-coded as [current frame,
-              4 x (current - previous), ..., the image shift of each pair by phase correlation as constant planes]
-              before the first convolution (early fusion with the motion explicit, agents/layers/motion.py).
+              the channel axis (B, 3 F, 66, 200), oldest first (datasets/udacity_history.py): early fusion, the first
+              convolution sees every frame.
 - `patches`:  a look-back window (B, L, C), L = n_tokens steps -> PatchTST patches (Nie et al. 2023): patch length
               16, stride 8, the window end-padded by repeating its last step 8 times; each patch of all C = in_dim
               channels is one token (linear embedding + learned position), (B, (L - 16) // 8 + 2, d).
@@ -24,8 +23,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-
-from agents.layers.motion import phase_shift
 
 
 @dataclass(frozen=True)
@@ -87,7 +84,7 @@ class NvidiaTokens(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cnn = nn.Sequential(
-            nn.Conv2d(self.channels(cfg.in_dim), 24, 5, stride=2), nn.ELU(),   # 66x200 -> 31x98
+            nn.Conv2d(3 * max(1, cfg.in_dim), 24, 5, stride=2), nn.ELU(),   # 66x200 -> 31x98
             nn.Conv2d(24, 36, 5, stride=2), nn.ELU(),  # -> 14x47
             nn.Conv2d(36, 48, 5, stride=2), nn.ELU(),  # -> 5x22
             nn.Conv2d(48, 64, 3), nn.ELU(),            # -> 3x20
@@ -96,26 +93,8 @@ class NvidiaTokens(nn.Module):
         self.proj = nn.Linear(64, cfg.d_model)
         self.position = nn.Parameter(torch.zeros(18, cfg.d_model))
 
-    motion_gain = 4.0  # frame differences are small beside the frames: scaled so both start on a par
-    shift_scale = 0.25  # image shifts are a few pixels: planes of shift / 4
-
-    @staticmethod
-    def channels(n_frames: int) -> int:
-        """First-convolution channels: the current frame, F - 1 differences (3 each), F - 1 shifts (dx, dy)."""
-        f = max(1, n_frames)
-        return 3 * f + 2 * (f - 1)
-
     def forward(self, x: Tensor) -> Tensor:  # (B, 3 F, 66, 200) -> (B, 18, d)
-        z = x.float() / 127.5 - 1.0  # (B, 3 F, 66, 200)
-        if z.shape[1] > 3:  # [current, gain (current - previous), ..., shifts]: the motion made explicit
-            f = z.unflatten(1, (-1, 3))  # (B, F, 3, 66, 200), oldest first
-            b, n, _, h, w = f.shape
-            motion = self.motion_gain * (f[:, 1:] - f[:, :-1]).flip(1)  # (B, F - 1, 3, 66, 200), newest first
-            luma = f[:, :, 0]  # (B, F, 66, 200) the Y channel
-            shift = phase_shift(luma[:, :-1].flatten(0, 1), luma[:, 1:].flatten(0, 1)).view(b, n - 1, 2)  # (B, F-1, 2)
-            planes = (self.shift_scale * shift.flip(1)).flatten(1)[:, :, None, None].expand(-1, -1, h, w)
-            z = torch.cat([f[:, -1], motion.flatten(1, 2), planes], dim=1)  # (B, 3 F + 2 (F - 1), 66, 200)
-        fmap = self.cnn(z)  # (B, 64, 1, 18)
+        fmap = self.cnn(x.float() / 127.5 - 1.0)  # (B, 64, 1, 18)
         tokens = fmap.flatten(2).transpose(1, 2)  # (B, 18, 64)
         return torch.relu(self.proj(tokens)) + self.position
 

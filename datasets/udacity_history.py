@@ -6,7 +6,9 @@ cannot show when a keyboard driver taps (the labels in ../shared/data/udacity_la
 the change between frames shows the car's yaw, i.e. its response to the taps just before: the steering at t has a
 lag-1 autocorrelation of 0.82 on the lake log. This is also the copycat shortcut of de Haan et al. 2019 (a clone
 that reads its own previous action from the frames): it wins offline and may drive worse in closed loop, where the
-previous action was its own. Offline figures alone cannot settle that; docs/udacity.md says what was measured.
+previous action was its own. Offline figures alone cannot settle that; docs/udacity.md says what was measured
+(also two re-codings of the stack that did not beat plain early fusion: frame differences, and the phase-correlation
+image shift between frames as extra input planes).
 
 - `history_rows(t, F, max_gap_s)`: for each row of a log, the F rows it stacks. At the start of a segment (the first
   frame, or after a gap longer than max_gap_s) the earliest frame of the segment repeats: time never flows across a
