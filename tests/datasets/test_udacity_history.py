@@ -53,3 +53,31 @@ def test_a_two_frame_training_sample_is_augmented_alike_on_both_frames(tmp_path)
     val = UdacityFrames([two], index)  # not augmented: the recorded frames, previous one first
     x, _ = val[1]
     assert (x[3:] == UdacityFrames([one], index)[1][0]).all() and (x[:3] == UdacityFrames([one], index)[0][0]).all()
+
+
+def test_the_bridge_policy_stacks_live_frames_as_training_did(monkeypatch):
+    """SteeringPolicy with a two-frame controller: the first frame after a reset is stacked with itself, then each
+    frame with its predecessor — the segment start and the pairs the training stacks hold."""
+    import torch
+
+    from agents.encoders import EncoderConfig
+    from agents.registry import CONTROLLERS
+    from datasets.udacity import preprocess
+    from drive.loop.udacity import SpeedConfig, SpeedController, SteeringPolicy
+
+    model = CONTROLLERS["gmle"](encoder=EncoderConfig(kind="nvidia", in_dim=2, d_model=8)).build().eval()
+    seen = []
+    real = model.predict
+    monkeypatch.setattr(model, "predict", lambda x, *a: seen.append(x.clone()) or real(x, *a))
+    policy = SteeringPolicy(model, 1, 0, SpeedController(SpeedConfig()))
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (160, 320, 3), dtype=np.uint8) for _ in range(3)]
+    policy.reset()
+    for f in frames[:2]:
+        policy.predict(f)
+    policy.reset()
+    policy.predict(frames[2])
+    p = [torch.from_numpy(preprocess(f)) for f in frames]
+    assert [tuple(x.shape) for x in seen] == [(1, 6, 66, 200)] * 3
+    assert torch.equal(seen[0][0], torch.cat([p[0], p[0]])) and torch.equal(seen[1][0], torch.cat([p[0], p[1]]))
+    assert torch.equal(seen[2][0], torch.cat([p[2], p[2]]))
