@@ -93,6 +93,13 @@ def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    try:  # every member's CRC and its name in both zip directories: torch reads neither check
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
+        raise CheckpointError(f"{path}: not a readable drive checkpoint: {_why_unreadable(exc)}") from None
+    if bad is not None:
+        raise CheckpointError(f"{path}: not a readable drive checkpoint: corrupt ({bad!r} fails its CRC check)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt zip, truncated file, pickled objects refused by weights_only

@@ -92,6 +92,26 @@ def test_corrupt_checkpoints(tmp_path, tally):
         assert not same, f"{path}: corrupt bytes neither refused nor visible"
 
 
+def test_a_flip_inside_a_tensor_is_refused_not_loaded_as_other_weights(tmp_path, tally):
+    """torch.load takes a tensor's bytes as they are (a flip there loads as other weights, and the archive's layout
+    depends on the temp file name, hence on the PID); the zip CRC check refuses it."""
+    import zipfile
+
+    cfg = GMLEConfig(encoder=EncoderConfig(kind="features", in_dim=3, d_model=8), out_dim=1, n_heads=2)
+    path = checkpoint.save(tmp_path / "c.pt", kind="controller", name="gmle", config=config_to_dict(cfg),
+                           module=cfg.build())  # fmt: skip
+    with zipfile.ZipFile(path) as archive:
+        big = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        start = big.header_offset + 30 + len(big.filename.encode()) + len(big.extra)  # local header + name + extra
+    data = bytearray(path.read_bytes())
+    data[start + big.file_size // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    assert torch.load(path, weights_only=True)["name"] == "gmle"  # torch alone would have loaded it
+    tally["corruptions"] += 1
+    with pytest.raises(checkpoint.CheckpointError, match="fails its CRC check"):
+        checkpoint.load_controller(path)
+
+
 def test_corrupt_parquet_traces(tmp_path, tally):
     from drive.observe.trace import write_trace
 
