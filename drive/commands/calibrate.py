@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from drive.errors import UserError
 from drive.loop.calibrate import store_temperature
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import default_shadow
@@ -44,7 +45,9 @@ class Config:
 
 
 def run(cfg: Config) -> int:
-    shadow = default_shadow(cfg.shadow, "carracing", cfg.ckpt) or "ppo"
+    shadow = default_shadow(cfg.shadow, "carracing", cfg.ckpt)
+    if shadow is None:
+        raise UserError("--shadow: calibration fits intervals to a shadow expert's actions: name one (ppo, pursuit)")
     r = store_temperature(cfg.ckpt, parse_seeds(cfg.seeds), shadow, cfg.coverage, cfg.samples, cfg.out,
                           {"name": "carracing", "max_episode_steps": cfg.max_episode_steps}, cfg.rule)  # fmt: skip
     steer, gas, brake = r["temperature"]

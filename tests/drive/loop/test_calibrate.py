@@ -100,6 +100,8 @@ def test_calibrate_command_writes_out_and_refuses_bad_input(tmp_path, capsys):
     assert "calibration" in checkpoint.read(out)["extra"] and "calibration" not in checkpoint.read(path)["extra"]
     assert main(["calibrate", "--ckpt", str(path), "--coverage", "1.5"]) == 2
     assert "drive calibrate: error:" in capsys.readouterr().err
+    assert main(["calibrate", "--ckpt", str(path), "--shadow", "none"]) == 2
+    assert "--shadow" in capsys.readouterr().err
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     assert main(["calibrate", "--ckpt", str(tmp_path / "bad.pt")]) == 2
     err = capsys.readouterr().err
