@@ -110,9 +110,7 @@ def store_temperature(path: str | Path, seeds: Sequence[int], shadow: str, cover
               "coverage90_steer_after": after["coverage90_steer"],
               "nll_expert_steer_before": before["nll_expert_steer"],
               "nll_expert_steer_after": after["nll_expert_steer"]}  # fmt: skip
-    checkpoint.save(out or path, kind="controller", name=payload["name"], config=payload["config"], module=model,
-                    normalisation=payload["normalisation"], data=payload["data"], metrics=payload["metrics"],
-                    extra={**payload["extra"], "calibration": record})  # fmt: skip
+    checkpoint.resave(payload, model, out or path, {"calibration": record})
     log.info("aleatoric temperature %s from %d nominal steps on seeds %s", record["temperature"], record["n_steps"],
              list(seeds))  # fmt: skip
     return record

@@ -97,11 +97,14 @@ def store_threshold(path: str | Path, cfg: FallbackConfig, calibrate_seeds: Sequ
     policy = controller_policy(path, n_samples, 0, shadow=None, env=env_kwargs.get("name", "carracing"))
     values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs, cfg.variance)
     value = calibrate_threshold(values, cfg.quantile)
-    extra = {**payload["extra"], "fallback": {"threshold": value, "signal": cfg.signal, "quantile": cfg.quantile,
-                                              "n_samples": policy.n_samples, "variance": cfg.variance,
-                                              "seeds": list(map(int, calibrate_seeds)),
-                                              "n_steps": int(len(values))}}  # fmt: skip
-    checkpoint.save(path, kind="controller", name=payload["name"], config=payload["config"], module=policy.model,
-                    normalisation=payload["normalisation"], data=payload["data"], metrics=payload["metrics"],
-                    extra=extra)  # fmt: skip
+    fallback = {
+        "threshold": value,
+        "signal": cfg.signal,
+        "quantile": cfg.quantile,
+        "n_samples": policy.n_samples,
+        "variance": cfg.variance,
+        "seeds": list(map(int, calibrate_seeds)),
+        "n_steps": int(len(values)),
+    }
+    checkpoint.resave(payload, policy.model, path, {"fallback": fallback})
     return value
