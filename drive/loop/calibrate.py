@@ -76,7 +76,8 @@ def fit_on_laps(laps: Mapping[str, np.ndarray], coverage: float, rule: str = "la
     if rule == "pooled":
         t = fit(np.ones(len(laps["seed"]), dtype=bool))
     elif rule == "lap-median":
-        t = torch.stack(list(per_lap.values())).median(0).values if per_lap else torch.full((3,), torch.inf)
+        no_lap = torch.full(laps["mean"].shape[1:], torch.inf)
+        t = torch.stack(list(per_lap.values())).median(0).values if per_lap else no_lap
     else:
         raise ValueError(f"unknown rule {rule!r}: lap-median or pooled")
     return t, {str(s): [float(v) for v in x] for s, x in per_lap.items()}
