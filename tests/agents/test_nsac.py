@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -364,7 +365,8 @@ def test_ood_surrogate_is_per_head_and_relative_to_each_heads_features():
 
 
 def test_input_surrogate_is_pixel_noise_or_a_gain_and_offset_per_frame():
-    model = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2).build()
+    cfg = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    model = dataclasses.replace(cfg, ood_valid=False).build()  # the raw draws; the valid surrogate is tested below
     x = torch.randint(0, 256, (400, 4, 12, 12), dtype=torch.uint8)
     torch.manual_seed(0)
     xf = x.float()
@@ -378,6 +380,26 @@ def test_input_surrogate_is_pixel_noise_or_a_gain_and_offset_per_frame():
     assert residual[~affine].mean() == pytest.approx(0.3 * xf.std().item(), rel=0.05)
     gains = coef[affine][..., 0, 0] + 1  # (n_affine, frames)
     assert gains.mean() == pytest.approx(1.0, abs=0.05) and gains.std() == pytest.approx(0.5, rel=0.1)
+
+
+def test_input_surrogate_of_uint8_frames_is_a_valid_frame():
+    """Out-of-range pixels are a shortcut: a surrogate with values below 0 or above 255 is told apart from every
+    real frame by them, whatever it does to the picture (the 130-episode model learned exactly that)."""
+    cfg = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    valid, raw = cfg.build(), dataclasses.replace(cfg, ood_valid=False).build()
+    x = torch.randint(0, 256, (64, 4, 12, 12), dtype=torch.uint8)
+    torch.manual_seed(0)
+    a = valid.ood_inputs(x)
+    torch.manual_seed(0)
+    b = raw.ood_inputs(x)
+    assert b.min() < 0 and b.max() > 255  # the raw surrogate leaves the pixel range
+    assert a.min() >= 0 and a.max() <= 255 and torch.equal(a, a.round())
+    torch.testing.assert_close(a, b.round().clamp(0, 255))  # same draws, only made valid
+    xf = torch.randn(8, 6, 3)  # float inputs (features, sequences) have no range: untouched
+    torch.manual_seed(1)
+    c = valid.ood_inputs(xf)
+    torch.manual_seed(1)
+    torch.testing.assert_close(c, raw.ood_inputs(xf))
 
 
 def test_tiny_overfit_lowers_the_loss_and_state_dict_round_trip():
