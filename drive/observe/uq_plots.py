@@ -37,11 +37,17 @@ def plot_ood_scores(scores: Mapping[str, Mapping[str, Mapping[str, np.ndarray]]]
             ax = axes[r, c]
             other = np.log10(np.maximum(views[pert][key], FLOOR))
             lo, hi = float(min(clean.min(), other.min())), float(max(clean.max(), other.max()))
+            auc = metrics.auroc(views["clean"][key], views[pert][key])
+            ax.set_title(f"{name} | {pert}: AUROC {auc:.2f}", fontsize=8)
+            if hi - lo < 1e-9:  # one value everywhere (GMLE's epistemic variance is 0): say so, draw no histogram
+                ax.text(0.5, 0.5, f"constant score 10^{lo:.0f}\n(no {key.split('_')[0]} term)", ha="center",
+                        va="center", fontsize=7, transform=ax.transAxes)  # fmt: skip
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
             bins = np.linspace(lo, hi + 1e-9, 40)
             ax.hist(clean, bins, alpha=0.55, color="tab:blue", label="clean")
             ax.hist(other, bins, alpha=0.55, color="tab:red", label=pert)
-            auc = metrics.auroc(views["clean"][key], views[pert][key])
-            ax.set_title(f"{name} | {pert}: AUROC {auc:.2f}", fontsize=8)
             ax.legend(fontsize=6, loc="upper left")
             ax.tick_params(labelsize=6)
             if r == rows - 1:

@@ -1,3 +1,8 @@
+from unittest import mock
+
+import numpy as np
+
+from drive.observe import uq_plots
 from drive.observe.uq_plots import plot_eval
 
 
@@ -17,3 +22,17 @@ def test_plot_eval_draws_failure_prediction_and_fallback(tmp_path):
 def test_plot_eval_without_reports_draws_nothing(tmp_path):
     assert plot_eval({"episodes": []}, tmp_path / "eval.png") is None
     assert not (tmp_path / "eval.png").exists()
+
+
+def test_ood_figure_names_a_constant_score_instead_of_a_degenerate_histogram(tmp_path):
+    rng = np.random.default_rng(0)
+    spread = {"clean": {"epistemic_all": rng.random(50)}, "noise:0.1": {"epistemic_all": rng.random(50) + 1}}
+    flat = {view: {"epistemic_all": np.zeros(50)} for view in spread}  # GMLE: no epistemic term
+    from matplotlib.axes import Axes
+
+    with mock.patch.object(Axes, "hist", autospec=True, side_effect=Axes.hist) as hist, \
+            mock.patch.object(Axes, "text", autospec=True) as text:  # fmt: skip
+        uq_plots.plot_ood_scores({"nsac": spread, "gmle": flat}, ["noise:0.1"], tmp_path / "ood.png")
+    assert hist.call_count == 2  # clean and perturbed for nsac only
+    assert text.call_count == 1 and "no epistemic term" in text.call_args.args[3]
+    assert (tmp_path / "ood.png").stat().st_size > 5_000
