@@ -40,7 +40,8 @@ def plot_ood_scores(scores: Mapping[str, Mapping[str, Mapping[str, np.ndarray]]]
             auc = metrics.auroc(views["clean"][key], views[pert][key])
             ax.set_title(f"{name} | {pert}: AUROC {auc:.2f}", fontsize=8)
             if hi - lo < 1e-9:  # one value everywhere (GMLE's epistemic variance is 0): say so, draw no histogram
-                ax.text(0.5, 0.5, f"constant score 10^{lo:.0f}\n(no {key.split('_')[0]} term)", ha="center",
+                value = float(views["clean"][key].flat[0])
+                ax.text(0.5, 0.5, f"constant score {value:.3g}\n(no {key.split('_')[0]} term)", ha="center",
                         va="center", fontsize=7, transform=ax.transAxes)  # fmt: skip
                 ax.set_xticks([])
                 ax.set_yticks([])
