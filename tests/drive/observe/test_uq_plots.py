@@ -1,9 +1,9 @@
 from unittest import mock
 
 import numpy as np
+from matplotlib.axes import Axes
 
-from drive.observe import uq_plots
-from drive.observe.uq_plots import plot_eval
+from drive.observe.uq_plots import plot_eval, plot_ood_scores
 
 
 def _report(auroc: float) -> dict:
@@ -28,11 +28,9 @@ def test_ood_figure_names_a_constant_score_instead_of_a_degenerate_histogram(tmp
     rng = np.random.default_rng(0)
     spread = {"clean": {"epistemic_all": rng.random(50)}, "noise:0.1": {"epistemic_all": rng.random(50) + 1}}
     flat = {view: {"epistemic_all": np.zeros(50)} for view in spread}  # GMLE: no epistemic term
-    from matplotlib.axes import Axes
-
     with mock.patch.object(Axes, "hist", autospec=True, side_effect=Axes.hist) as hist, \
             mock.patch.object(Axes, "text", autospec=True) as text:  # fmt: skip
-        uq_plots.plot_ood_scores({"nsac": spread, "gmle": flat}, ["noise:0.1"], tmp_path / "ood.png")
+        plot_ood_scores({"nsac": spread, "gmle": flat}, ["noise:0.1"], tmp_path / "ood.png")
     assert hist.call_count == 2  # clean and perturbed for nsac only
     assert text.call_count == 1 and "no epistemic term" in text.call_args.args[3]
     assert (tmp_path / "ood.png").stat().st_size > 5_000
