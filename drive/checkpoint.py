@@ -11,10 +11,15 @@ Layout of the dict saved by torch.save:
     data            fingerprint of the training data (e.g. sha256 of the dataset manifest) and its path
     metrics         measured scores (validation, evaluation) as floats
     extra           anything else primitive (training command, steps, seeds)
+
+Every file written here is sealed: the sha256 of its bytes sits in its zip comment (see seal) and read() refuses a file
+whose bytes no longer match it. Files written before seals are checked by the zip CRCs alone.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import pickle
 import zipfile
@@ -25,7 +30,7 @@ import torch
 from torch import nn
 
 from agents.registry import CONTROLLERS, config_from_dict
-from datasets.files import atomic_path
+from datasets.files import atomic_write
 from drive.errors import UserError
 
 FORMAT = "drive-checkpoint"
@@ -76,9 +81,46 @@ def resave(payload: dict[str, Any], module: nn.Module, path: str | os.PathLike, 
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save to a temp file beside `path`, then rename: readers never see a half-written file."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """torch.save to memory, seal (below), write to a temp file beside `path`, then rename: readers never see a
+    half-written file, and the archive's layout does not depend on the file's name."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write(path, seal(buffer.getvalue()))
+
+
+# The seal: the sha256 of the whole archive, held in the zip comment of its end-of-central-directory record (torch and
+# every zip reader skip the comment). The zip CRCs cover members' bytes only: a flip in a header, a name or the padding
+# torch aligns tensors with loads as if nothing happened; the seal refuses any changed byte.
+_EOCD = b"PK\x05\x06"  # end of central directory: 22 bytes, the comment's length in the last two
+_SEAL = b"drive-sha256:"
+_SEAL_LEN = len(_SEAL) + 64
+
+
+def seal(archive: bytes) -> bytes:
+    """`archive` (a torch zip with no comment) with its sha256 written into its zip comment."""
+    if archive[-22:-18] != _EOCD or archive[-2:] != b"\x00\x00":
+        raise ValueError("not a torch zip archive ending in a comment-less end-of-central-directory record")
+    digest = hashlib.sha256(archive).hexdigest().encode()
+    return archive[:-2] + _SEAL_LEN.to_bytes(2, "little") + _SEAL + digest
+
+
+def check_seal(path: Path) -> bool:
+    """True where the file carries a seal that matches its bytes, False where it carries none (written before seals);
+    CheckpointError where a seal is there and the bytes no longer match it, or the record around it is damaged."""
+    data = path.read_bytes()
+    end = data.rfind(_EOCD, max(0, len(data) - 22 - 0xFFFF))
+    if end < 0 or data[end + 20 : end + 22] == b"\x00\x00" and end + 22 == len(data):
+        return False  # no seal: the zip checks alone decide
+    comment_len = int.from_bytes(data[end + 20 : end + 22], "little")
+    comment = data[end + 22 :]
+    if comment_len != _SEAL_LEN or len(comment) != _SEAL_LEN or not comment.startswith(_SEAL):
+        raise CheckpointError(f"{path}: not a readable drive checkpoint: corrupt or truncated (its seal is damaged)")
+    if hashlib.sha256(data[: end + 20] + b"\x00\x00").hexdigest().encode() != comment[len(_SEAL) :]:
+        raise CheckpointError(
+            f"{path}: not a readable drive checkpoint: corrupt (its bytes changed since it was saved: sha256 differs "
+            "from its seal)"
+        )
+    return True
 
 
 KIND_NAMES = {"controller": "a trained controller (drive train)", "expert": "an expert (drive expert train)"}
@@ -101,7 +143,8 @@ def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    try:  # every member's CRC and its name in both zip directories: torch reads neither check
+    check_seal(path)
+    try:  # every member's CRC and its name in both zip directories: torch reads neither check (unsealed files)
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:

@@ -232,3 +232,11 @@ def test_resume_refuses_other_settings_and_records_accepted_changes(tmp_path, ca
     assert [r["epoch"] for r in rows] == [1, 2] and rows[-1]["lr"] > 0  # more epochs: the schedule goes on
     assert main([*base, "--resume", "--epochs", "1"]) == 2  # fewer epochs than already planned
     assert "fewer than the run already planned" in capsys.readouterr().err
+    resume, best = run / "resume.pt", (run / "best.pt").read_bytes()
+    data = bytearray(resume.read_bytes())
+    data[len(data) // 3] ^= 0x10  # one changed byte anywhere: refused by the seal, the run left as it was
+    resume.write_bytes(bytes(data))
+    assert main([*base, "--resume", "--epochs", "3", "--resume-with-changes"]) == 2
+    err = capsys.readouterr().err
+    assert "resume.pt: not a readable drive checkpoint: corrupt" in err and err.count("\n") == 1
+    assert (run / "best.pt").read_bytes() == best and resume.read_bytes() == bytes(data)
