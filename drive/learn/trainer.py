@@ -4,7 +4,8 @@
 
 AdamW with gradient clipping and a per-step cosine learning-rate schedule (or constant); target standardisation
 fitted on the training targets (`Controller.set_target_stats`); validation NLL of the predictive Gaussian (mean,
-aleatoric + epistemic variance) each epoch, early stopping on it.
+aleatoric + epistemic variance) and MSE of its mean each epoch; best.pt and early stopping follow one of them
+(`select`: val_nll by default; the demonstrations task picks val_mse, see drive/learn/tasks/demos.py).
 The run directory receives
     config.json      trainer config, controller name and config, data fingerprint
     metrics.jsonl    one line per epoch (train loss, val nll/mse, lr, seconds)
@@ -57,7 +58,10 @@ class TrainerConfig:
     grad_clip: float = 1.0
     """clip the global gradient norm to this value (0 disables)"""
     patience: int = 10
-    """stop after this many epochs without a better validation NLL (0 disables early stopping)"""
+    """stop after this many epochs without a better `select` score (0 disables early stopping)"""
+    select: str = "val_nll"
+    """the validation score best.pt and early stopping follow: val_nll (predictive Gaussian NLL) or val_mse (the
+    mean's squared error: where held-out NLL rises with confidence while the mean still improves)"""
     seed: int = 0
     """seed for batch order, the model's sampling and validation draws"""
     val_samples: int = 0
@@ -89,7 +93,7 @@ class CheckpointInfo:
 
 class FitResult(NamedTuple):
     best_epoch: int
-    best_val_nll: float
+    best_val_nll: float  # of the kept epoch (best.pt), whichever score selected it
     epochs_run: int
     stopped_early: bool
     history: list[dict[str, float]]
@@ -156,7 +160,8 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
                   state["stopped"])  # fmt: skip
     if distributed.is_main():
         _truncate_log(run_dir / "metrics.jsonl", loop.start)
-    log.info("resumed %s at epoch %d (best val nll %.4f at epoch %d)", run_dir, loop.start, loop.best, loop.best_epoch)
+    log.info("resumed %s at epoch %d (best %s %.4f at epoch %d)", run_dir, loop.start, cfg.select, loop.best,
+             loop.best_epoch)  # fmt: skip
     return loop
 
 
@@ -175,7 +180,12 @@ def _start(run_dir: Path, model, train, cfg: TrainerConfig, info: CheckpointInfo
     return _State()
 
 
+SELECT = ("val_nll", "val_mse")
+
+
 def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info: CheckpointInfo) -> FitResult:
+    if cfg.select not in SELECT:
+        raise UserError(f"trainer.select must be one of {', '.join(SELECT)}, got {cfg.select!r}")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     best_path, last_path = run_dir / "best.pt", run_dir / "last.pt"
@@ -203,7 +213,8 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
         if not best_path.is_file():
             raise RuntimeError(f"{run_dir}: no epoch finished, no checkpoint written (epochs={cfg.epochs})")
         model.load_state_dict(checkpoint.read(best_path, kind="controller")["state_dict"])
-    return FitResult(loop.best_epoch, loop.best, len(loop.history), loop.stopped, loop.history, best_path, last_path)
+    best_nll = next((r["val_nll"] for r in loop.history if r["epoch"] == loop.best_epoch), math.inf)
+    return FitResult(loop.best_epoch, best_nll, len(loop.history), loop.stopped, loop.history, best_path, last_path)
 
 
 def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: int, loop: _State, run_dir: Path,
@@ -221,9 +232,9 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
     row = {"epoch": epoch, "train_loss": train_loss, "val_nll": val_nll, "val_mse": val_mse,
            "lr": optimizer.param_groups[0]["lr"], "seconds": time.perf_counter() - t0}  # fmt: skip
     loop.history.append(row)
-    improved = val_nll < loop.best
+    improved = row[cfg.select] < loop.best
     if improved:
-        loop.best, loop.best_epoch, loop.bad_epochs = val_nll, epoch, 0
+        loop.best, loop.best_epoch, loop.bad_epochs = row[cfg.select], epoch, 0
     else:
         loop.bad_epochs += 1
     loop.stopped = cfg.patience > 0 and loop.bad_epochs >= cfg.patience
@@ -244,7 +255,7 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
     log.info("epoch %d/%d  loss %.4f  val nll %.4f  val mse %.5f%s", epoch, cfg.epochs, train_loss, val_nll, val_mse,
              "  *" if improved else "")  # fmt: skip
     if loop.stopped:
-        log.info("early stop: no better validation NLL for %d epochs", cfg.patience)
+        log.info("early stop: no better %s for %d epochs", cfg.select, cfg.patience)
     distributed.from_main(loop.stopped)
 
 

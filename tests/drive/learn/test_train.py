@@ -123,12 +123,12 @@ def _toy(n: int, seed: int):
     return torch.utils.data.TensorDataset(x, y)
 
 
-def _fit(run_dir, epochs=4, resume=False, cfg_cls=MCDropoutConfig):
+def _fit(run_dir, epochs=4, resume=False, cfg_cls=MCDropoutConfig, **trainer_kw):
     torch.manual_seed(0)
     model_cfg = cfg_cls(encoder=EncoderConfig(kind="features", in_dim=3, d_model=8), out_dim=2, n_heads=2)
     model = model_cfg.build()
     cfg = trainer.TrainerConfig(epochs=epochs, batch_size=32, lr=3e-3, seed=3, resume=resume, progress=False,
-                                tensorboard=True, patience=0)  # fmt: skip
+                                tensorboard=True, **{"patience": 0, **trainer_kw})  # fmt: skip
     info = trainer.CheckpointInfo("mcd" if cfg_cls is MCDropoutConfig else "gmle", config_to_dict(model_cfg),
                                   data={"task": "toy"}, target_names=("a", "b"))  # fmt: skip
     return model, trainer.fit(model, _toy(160, 0), _toy(64, 1), cfg, run_dir, info)
@@ -155,6 +155,24 @@ def test_trainer_writes_run_directory_and_standardises_targets(tmp_path):
     # --resume where no epoch ever finished (killed early): the run starts from the beginning, as if new
     _, fresh = _fit(tmp_path / "empty", resume=True)
     assert fresh.epochs_run == 4 and (tmp_path / "empty" / "resume.pt").is_file()
+
+
+def test_select_val_mse_keeps_the_epoch_of_the_lowest_validation_mse(tmp_path, monkeypatch):
+    """As on CarRacing demonstrations: the validation NLL is lowest after epoch 1 and then jumps while the MSE falls."""
+    from drive import metrics
+
+    nll = iter([-1.0, 5.0, 4.0, 3.0] * 2)
+    monkeypatch.setattr(metrics, "gaussian_nll", lambda mean, var, y: next(nll))
+    _, by_nll = _fit(tmp_path / "nll", epochs=4)
+    _, by_mse = _fit(tmp_path / "mse", epochs=4, select="val_mse", patience=2)
+    mse = [row["val_mse"] for row in by_mse.history]
+    assert by_nll.best_epoch == 1 and by_nll.best_val_nll == -1.0
+    assert by_mse.best_epoch == 1 + int(np.argmin(mse)) != 1 and not by_mse.stopped_early
+    assert by_mse.best_val_nll == by_mse.history[by_mse.best_epoch - 1]["val_nll"]
+    payload = checkpoint.read(by_mse.best_path, kind="controller")
+    assert payload["metrics"]["epoch"] == by_mse.best_epoch and payload["metrics"]["val_mse"] == min(mse)
+    with pytest.raises(UserError, match="trainer.select must be one of val_nll, val_mse"):
+        _fit(tmp_path / "bad", epochs=1, select="val_crps")
 
 
 def test_resume_after_an_interruption_continues_exactly(tmp_path, monkeypatch):
