@@ -24,20 +24,18 @@ import json
 import logging
 import math
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from datasets.files import atomic_write
 from drive import checkpoint, metrics
 from drive.errors import UserError
-from drive.learn import distributed
+from drive.learn import distributed, rng
 from drive.learn.batches import epoch_generator, fit_target_stats, iterate_batches, n_batches, predict_dataset
 
 log = logging.getLogger(__name__)
@@ -101,31 +99,6 @@ class FitResult(NamedTuple):
     last_path: Path
 
 
-# -- resume state ------------------------------------------------------------------------------------------------------
-def _rng_state() -> dict[str, Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
-    return {
-        "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},
-        "python": random.getstate(),
-    }  # fmt: skip
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-
-
-def _seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-
-
 # -- the loop ----------------------------------------------------------------------------------------------------------
 @dataclass
 class _State:
@@ -153,13 +126,13 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
         raise checkpoint.CheckpointError(f"{path}: cannot resume ({type(exc).__name__}: {exc})") from exc
     own = distributed.own_state(state.get("rng_ranks"), state["rng"])  # under torchrun each rank resumes its own
     if own is not None:
-        _set_rng_state(own)
+        rng.set_state(own)
     else:
-        _seed_everything(cfg.seed + distributed.seed_offset() + state["epoch"])
+        rng.seed_everything(cfg.seed + distributed.seed_offset() + state["epoch"])
     loop = _State(state["epoch"], list(state["history"]), state["best"], state["best_epoch"], state["bad_epochs"],
                   state["stopped"])  # fmt: skip
     if distributed.is_main():
-        _truncate_log(run_dir / "metrics.jsonl", loop.start)
+        rng.truncate_log(run_dir / "metrics.jsonl", loop.start)
     log.info("resumed %s at epoch %d (best %s %.4f at epoch %d)", run_dir, loop.start, cfg.select, loop.best,
              loop.best_epoch)  # fmt: skip
     return loop
@@ -168,7 +141,7 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
 def _start(run_dir: Path, model, train, cfg: TrainerConfig, info: CheckpointInfo) -> _State:
     if (run_dir / "resume.pt").exists():
         raise UserError(f"{run_dir} already holds a run: pass --resume to continue it, or another --out")
-    _seed_everything(cfg.seed + distributed.seed_offset())
+    rng.seed_everything(cfg.seed + distributed.seed_offset())
     loc, scale = fit_target_stats(train)
     model.set_target_stats(loc, scale)
     if not distributed.is_main():  # under torchrun rank 0 alone writes the run directory
@@ -223,7 +196,7 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
     t0 = time.perf_counter()
     train_loss = _train_epoch(model, train, optimizer, scheduler, cfg, epoch)
     model.on_epoch_end(epoch, cfg.epochs)
-    rngs = distributed.gather(_rng_state())  # every rank's RNG on rank 0, for an exact resume
+    rngs = distributed.gather(rng.get_state())  # every rank's RNG on rank 0, for an exact resume
     if not distributed.is_main():  # rank 0 validates, checkpoints and logs; it says whether early stopping ended it
         loop.stopped = distributed.from_main(None)
         return
@@ -311,14 +284,6 @@ def _save_checkpoint(path: Path, model, info: CheckpointInfo, row: dict[str, flo
         metrics={k: float(v) for k, v in row.items()},
         extra={**info.extra, "epoch": int(row["epoch"])},
     )
-
-
-def _truncate_log(path: Path, epoch: int) -> None:
-    """Drop log lines of epochs after the resume point (written before a kill, then redone)."""
-    if not path.is_file():
-        return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["epoch"] <= epoch]
-    path.write_text("".join(line + "\n" for line in keep))
 
 
 def _writer(run_dir: Path, cfg: TrainerConfig, start: int):

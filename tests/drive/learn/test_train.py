@@ -175,6 +175,20 @@ def test_select_val_mse_keeps_the_epoch_of_the_lowest_validation_mse(tmp_path, m
         _fit(tmp_path / "bad", epochs=1, select="val_crps")
 
 
+def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
+    import random
+
+    from drive.learn import rng
+
+    rng.seed_everything(7)
+    torch.save(rng.get_state(), tmp_path / "s.pt")
+    draws = (torch.rand(3), np.random.rand(3), random.random())
+    rng.seed_everything(8)
+    rng.set_state(torch.load(tmp_path / "s.pt", weights_only=True))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(draws[0], again[0]) and np.array_equal(draws[1], again[1]) and draws[2] == again[2]
+
+
 def test_resume_after_an_interruption_continues_exactly(tmp_path, monkeypatch):
     reference, _ = _fit(tmp_path / "straight", epochs=4)
 
