@@ -16,26 +16,15 @@ Targets (issue 3): NSAC <= 3x SDPA at n = 64; NSAC memory about linear in n at f
 Timing: median over `repeats` runs after `warmup`, both wall-clock and process CPU time; ratios use CPU time on
 CPU (one intra-op thread, so CPU time is the work done and does not count time lost to other processes on a
 shared machine) and wall time on CUDA (synchronised).
-Memory: on CPU, torch.profiler with profile_memory=True records every allocation of the CPU allocator with the
-running total of bytes allocated inside the profiled region; the peak of that total over one forward + backward
-(inputs and parameters excluded, they exist before) is reported. On CUDA: torch.cuda.max_memory_allocated above the
-level before the step. The CPU profiler's own chatter on stderr (USDT profiler_start/stop lines, the CPUAllocator
-warning about blocks allocated before profiling) is dropped; every other stderr line of that window is passed on.
+Memory: peak bytes of one forward + backward above what existed before it (drive/measure.py says how).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import platform
-import re
-import statistics
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,6 +37,7 @@ from torch import Tensor, nn
 
 from agents.layers.nsac_attention import NSACAttention
 from datasets.files import atomic_write
+from drive.measure import peak_bytes, time_it
 from drive.options import NonNegativeInt, PositiveInt
 
 TARGETS = {"nsac_over_sdpa_at_64": 3.0, "memory_slope_in_n": 1.0, "s32_over_s1": 1.3}
@@ -98,74 +88,6 @@ class SDPABlock(nn.Module):
         return self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_it(fn: Callable[[], object], cfg: Config, device: torch.device) -> dict[str, float]:
-    """Median wall and CPU milliseconds of fn()."""
-    for _ in range(cfg.warmup):
-        fn()
-    _sync(device)
-    walls, cpus = [], []
-    for _ in range(cfg.repeats):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        _sync(device)
-        walls.append(time.perf_counter() - w0)
-        cpus.append(time.process_time() - c0)
-    return {"wall_ms": 1e3 * statistics.median(walls), "cpu_ms": 1e3 * statistics.median(cpus)}
-
-
-#: what torch's CPU profiler writes to fd 2 itself (C++, not Python warnings) on every start/stop
-_PROFILER_CHATTER = re.compile(r"profiler_(start|stop)\b|Memory block of unknown size was allocated before")
-
-
-@contextmanager
-def _without_profiler_chatter() -> Iterator[None]:
-    """Capture fd 2 (C++ writes there directly) for the block, then pass on every line that is not profiler chatter."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            lines = captured.read().decode(errors="replace").splitlines(True)
-            sys.stderr.write("".join(line for line in lines if not _PROFILER_CHATTER.search(line)))
-            sys.stderr.flush()
-
-
-def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
-    """Peak bytes allocated while fn() runs, above what was allocated before (see module docstring)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with _without_profiler_chatter():
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-        events = list(prof.profiler.kineto_results.experimental_event_tree())
-    peak, stack = 0, events
-    while stack:
-        event = stack.pop()
-        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
-            peak = max(peak, event.extra_fields.total_allocated)
-        stack.extend(event.children)
-    return peak
-
-
 def _train_step(module: nn.Module, x: Tensor, call: Callable[[nn.Module, Tensor], Tensor]) -> Callable[[], None]:
     def step() -> None:
         module.zero_grad(set_to_none=True)
@@ -188,7 +110,7 @@ def _sampling(nsac: NSACAttention, tokens: Tensor, readouts: dict, cfg: Config, 
     runs["draws"] = noise.normal_  # the extra samples' N(0, 1) draws, as the layer makes them
     entry: dict[str, float] = {"n": n}
     for name, fn in runs.items():
-        entry[f"{name}_{key}"] = time_it(fn, cfg, device)[key]
+        entry[f"{name}_{key}"] = time_it(fn, device, cfg.warmup, cfg.repeats)[key]
     for name in readouts:
         entry[f"{name}_ratio"] = entry[f"{name}_sS_{key}"] / entry[f"{name}_s1_{key}"]
     entry["floor_ratio"] = 1 + entry[f"draws_{key}"] / entry[f"pooled_s1_{key}"]
@@ -213,7 +135,7 @@ def _row(n: int, layers: tuple, cfg: Config, device: torch.device) -> tuple[dict
         steps["nsac_dense"] = _train_step(dense, x, lambda m, x: m(x, 1))
     row: dict[str, float] = {"n": n}
     for name, step in steps.items():
-        timing = time_it(step, cfg, device)
+        timing = time_it(step, device, cfg.warmup, cfg.repeats)
         row[f"{name}_wall_ms"], row[f"{name}_cpu_ms"] = timing["wall_ms"], timing["cpu_ms"]
         row[f"{name}_peak_mib"] = peak_bytes(step, device) / 2**20
     key = "wall_ms" if device.type == "cuda" else "cpu_ms"
