@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 LOWER = ("agents", "sim_bridges", "datasets")
 PACKAGES = ("drive", *LOWER)
-MAX_MODULE_LINES = 340  # the guideline is ~300; a hard stop a little above it
+MAX_MODULE_LINES = 330  # the guideline is ~300; a hard stop a little above it
 MAX_FUNCTION_LINES = 60
 
 
