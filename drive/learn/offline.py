@@ -9,7 +9,8 @@ the `drive train` command recorded with it (`Cell.command`). The run directory w
 a killed grid rerun with the same arguments keeps every finished cell, resumes an interrupted one from its
 resume.pt, and trains the rest; a run directory written by another command (other overrides or epochs) is an error
 rather than a silent mix. A cell that fails (a diverged run) is recorded with its error and retried on the next run.
-Each cell records the sha of the agents/ code it ran (config.json "agents_sha"); an interrupted cell that cannot
+Each cell records the sha of the agents/ code it ran (config.json "agents_sha", and "agents_files" per file: the
+report names the files in which a row's runs differ); an interrupted cell that cannot
 resume (the controller changed since) and, with `refresh=ROWS`, a finished cell of those rows that ran other code
 are set aside as RUN.stale-<time> and trained afresh. Several processes may share a grid (cells are locked).
 
@@ -51,9 +52,12 @@ from drive.learn.experiment import TrainRequest, train_and_evaluate
 log = logging.getLogger(__name__)
 
 NO_PROTOCOL = "default"
-# the controller code a cell ran (sha256 of agents/**/*.py), recorded in RUN/config.json: rows mixing versions say so
-AGENTS_SHA = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((Path(__file__).resolve().parents[2] / "agents")
-                                                                       .rglob("*.py")))).hexdigest()[:12]  # fmt: skip
+# the controller code a cell ran, recorded in RUN/config.json: the sha256 of agents/**/*.py and one per file, so a row
+# mixing versions says which files differ between its runs
+_AGENTS = Path(__file__).resolve().parents[2] / "agents"
+_AGENTS_BYTES = {p.relative_to(_AGENTS.parent).as_posix(): p.read_bytes() for p in sorted(_AGENTS.rglob("*.py"))}
+AGENTS_SHA = hashlib.sha256(b"".join(_AGENTS_BYTES.values())).hexdigest()[:12]
+AGENTS_FILES = {name: hashlib.sha256(data).hexdigest()[:12] for name, data in _AGENTS_BYTES.items()}
 
 
 class Cell(NamedTuple):
@@ -214,7 +218,7 @@ def _train_cell(grid: Grid, cell: Cell) -> dict[str, Any]:
     request = TrainRequest(controller=cell.controller, out=cell.run_dir, task=grid.task, data=grid.data,
                            epochs=grid.epochs, seed=cell.seed, resume=state == "partial", overrides=cell.overrides,
                            device=grid.device, progress=False, command=cell.command,
-                           extra={"agents_sha": AGENTS_SHA})  # fmt: skip
+                           extra={"agents_sha": AGENTS_SHA, "agents_files": AGENTS_FILES})  # fmt: skip
     try:
         try:
             train_and_evaluate(request)

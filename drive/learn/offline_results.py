@@ -86,9 +86,9 @@ def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, pap
         for _, report, _ in found:
             for ref, values in report.get("references", {}).items():
                 references.setdefault(ref, []).append(values)
-        versions = {json.loads((c.run_dir / "config.json").read_text()).get("agents_sha") for c, _, _ in found}
-        if len(versions) > 1:
-            notes.append(f"{row}: runs of {len(versions)} versions of agents/ (retrain the older ones)")
+        note = _versions_note(row, [json.loads((c.run_dir / "config.json").read_text()) for c, _, _ in found])
+        if note:
+            notes.append(note)
         first = found[0][1]
         for note in (f"units: {first['units']}" if "units" in first else None,
                      f"data year: {first['year']}" if first.get("year") else None):  # fmt: skip
@@ -98,3 +98,18 @@ def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, pap
             for ref, values in references.items()]  # fmt: skip
     return {"key": key, "dataset": dataset, "test": name or "test", "notes": notes, "rows": rows, "references": refs,
             "paper_rows": {r: v for r, v in paper.items() if r not in {x["row"] for x in rows}}}  # fmt: skip
+
+
+def _versions_note(row: str, configs: list[dict[str, Any]]) -> str | None:
+    """Where a row's runs ran different agents/ code: how many versions, and the files that differ between them
+    (from the per-file shas cells record; runs from before those were recorded are counted, not compared)."""
+    versions = {c.get("agents_sha") for c in configs}
+    if len(versions) <= 1:
+        return None
+    files = [c["agents_files"] for c in configs if isinstance(c.get("agents_files"), dict)]
+    differ = sorted({f for a in files for b in files for f in set(a) | set(b) if a.get(f) != b.get(f)})
+    unknown = len(configs) - len(files)
+    parts = [f"differing in {', '.join(differ)}"] if differ else []
+    parts += [f"{unknown} run(s) from before per-file records"] if unknown else []
+    parts.append(f"`--refresh {row}` retrains the older ones")
+    return f"{row}: runs of {len(versions)} versions of agents/ ({'; '.join(parts)})"

@@ -87,6 +87,19 @@ def test_tiny_grid_tables_plots_and_resume(shared_data, tmp_path):
     assert _bench(shared_data, out, "--report-only") == 0
 
 
+def test_a_row_of_mixed_agents_versions_names_the_files_that_differ():
+    from drive.learn.offline_results import _versions_note
+
+    now = {"agents_sha": offline.AGENTS_SHA, "agents_files": offline.AGENTS_FILES}
+    assert "agents/ft_transformer.py" in offline.AGENTS_FILES and _versions_note("ft", [now, dict(now)]) is None
+    older = {"agents_sha": "older", "agents_files": {**offline.AGENTS_FILES, "agents/base.py": "0" * 12}}
+    note = _versions_note("ft", [now, older, {"agents_sha": "oldest"}])
+    assert note == ("ft: runs of 3 versions of agents/ (differing in agents/base.py; 1 run(s) from before per-file "
+                    "records; `--refresh ft` retrains the older ones)")  # fmt: skip
+    gone = {"agents_sha": "new", "agents_files": {**offline.AGENTS_FILES, "agents/extra.py": "1" * 12}}
+    assert "differing in agents/extra.py;" in str(_versions_note("ft", [now, gone]))
+
+
 def test_grid_options_are_checked_and_variants_resolved(tmp_path):
     grid = offline.make_grid("spiral", out=tmp_path, seeds=2)
     cells = offline.cells(grid)
