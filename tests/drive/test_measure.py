@@ -16,9 +16,10 @@ def test_time_it_runs_warmup_plus_repeats_and_reports_medians():
 
 
 def test_peak_bytes_sees_what_the_callable_allocates():
+    # the CPU profiler counts every allocation of the process in the window: in a full test run ~0.8 MiB more showed up
     small = peak_bytes(lambda: torch.empty(1 << 10), torch.device("cpu"))
     big = peak_bytes(lambda: torch.empty(1 << 20) + 1, torch.device("cpu"))  # two 4 MiB tensors at once
-    assert 8 << 20 <= big < 9 << 20 and small < 1 << 16
+    assert 8 << 20 <= big < 12 << 20 and small < 2 << 20 and big - small > 6 << 20
 
 
 def test_bench_drops_only_the_profilers_stderr_chatter(capfd):
