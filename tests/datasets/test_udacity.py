@@ -11,18 +11,20 @@ import pytest
 import torch
 
 from datasets.udacity import (
-    AugmentConfig,
     UdacityLogError,
-    augment,
-    choose_camera,
     decode_frame,
     load_frame,
     preprocess,
+    read_log,
+)
+from datasets.udacity_augment import (
+    AugmentConfig,
+    augment,
+    choose_camera,
     random_brightness,
     random_flip,
     random_shadow,
     random_translate,
-    read_log,
     translate,
 )
 from tests.conftest import REPO

@@ -41,7 +41,7 @@ def test_a_two_frame_training_sample_is_augmented_alike_on_both_frames(tmp_path)
     path = REPO / "tests" / "fixtures" / "udacity" / "header_relative.csv"
     one = _read(Options(frames=1, max_gap_s=10.0), path)
     two = _read(Options(frames=2, max_gap_s=10.0), path)
-    from datasets.udacity import AugmentConfig
+    from datasets.udacity_augment import AugmentConfig
 
     index = np.array([[0, 1], [0, 2]])
     a = UdacityFrames([one], index, AugmentConfig(p_augment=1.0), seed=3)

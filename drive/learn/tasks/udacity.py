@@ -19,8 +19,8 @@ blocks 2 and 7, validation = block 9, gap 1 s. `split=random` is the NSAC paper'
 frames at random for test, `random_val` for validation): it leaks near-twin frames into the test set by construction
 and is reported only beside the paper's row, labelled as such.
 
-Training samples: naokishibuya's car-behavioral-cloning augmentation (`datasets.udacity.augment`: random camera with
-the +-0.2 side-camera correction when `side_cameras`, flip, translate, shadow, brightness; each sample with
+Training samples: naokishibuya's car-behavioral-cloning augmentation (`datasets.udacity_augment.augment`: random camera
+with the +-0.2 side-camera correction when `side_cameras`, flip, translate, shadow, brightness; each sample with
 probability `p_augment`), drawn from a numpy Generator seeded by (seed, epoch, recording, row): the same run sees the
 same images and a resumed run continues exactly. `smooth_s` > 0 trains on labels smoothed over time
 (`datasets.udacity_laps.smooth_labels`, a Gaussian of that standard deviation in seconds): keyboard driving records
@@ -49,7 +49,8 @@ import torch
 from tqdm.auto import tqdm
 
 from agents.encoders import EncoderConfig
-from datasets.udacity import AugmentConfig, UdacityLog, augment, decode_frame, preprocess, read_log
+from datasets.udacity import UdacityLog, decode_frame, preprocess, read_log
+from datasets.udacity_augment import AugmentConfig, augment
 from datasets.udacity_history import history_rows, stack_history
 from datasets.udacity_laps import block_of, block_split, frame_times, random_split, smooth_labels
 from drive import metrics
