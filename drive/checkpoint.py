@@ -138,19 +138,26 @@ def _why_unreadable(exc: Exception) -> str:
     return f"not a torch checkpoint ({type(exc).__name__})"
 
 
-def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
-    """Load and validate the raw payload. Errors name the file and what is wrong with it."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
-    check_seal(path)
-    try:  # every member's CRC and its name in both zip directories: torch reads neither check (unsealed files)
+def verify(path: Path) -> None:
+    """CheckpointError unless the file's bytes are as written: its seal where it has one, otherwise every member's CRC
+    and its name in both zip directories (torch.load checks neither)."""
+    if check_seal(path):
+        return
+    try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
         raise CheckpointError(f"{path}: not a readable drive checkpoint: {_why_unreadable(exc)}") from None
     if bad is not None:
         raise CheckpointError(f"{path}: not a readable drive checkpoint: corrupt ({bad!r} fails its CRC check)")
+
+
+def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
+    """Load and validate the raw payload. Errors name the file and what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    verify(path)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt zip, truncated file, pickled objects refused by weights_only

@@ -116,7 +116,7 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
     path = run_dir / "resume.pt"
     if not path.is_file():
         raise UserError(f"{path}: nothing to resume (no resume file in the run directory)")
-    checkpoint.check_seal(path)
+    checkpoint.verify(path)
     try:
         state = torch.load(path, map_location=cfg.device, weights_only=True)
         model.load_state_dict(state["model"])
