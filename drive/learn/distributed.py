@@ -24,6 +24,7 @@ Controllers whose own `training_step` draws weights per step (ft-ivon) are refus
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -66,9 +67,19 @@ def session(device: str) -> Iterator[str]:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if cuda else "gloo")
+    # a gloo group for leaving together (below): its own long timeout, since rank 0's evaluation after the last
+    # epoch may outlast a collective's default timeout (gloo 30 min, nccl's watchdog 10)
+    leave = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=24))
+    finished = False
     try:
         yield device
+        finished = True
     finally:
+        # The ranks leave together: rank 0 evaluates and writes for seconds after the last epoch, and a rank that
+        # tore its transport down and exited meanwhile was seen (once in CI, 2 gloo ranks) to abort at exit, which
+        # made torchrun kill rank 0 before it wrote metrics.json. After an error no barrier: the peer may never come.
+        if finished:
+            dist.barrier(group=leave)
         dist.destroy_process_group()
 
 
