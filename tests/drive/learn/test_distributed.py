@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from drive.cli import main
+from drive.learn import distributed
 from drive.learn.batches import epoch_generator, iterate_batches
 from tests.conftest import REPO
 
@@ -55,6 +59,32 @@ def test_two_gloo_ranks_train_write_once_resume_and_match_one_process(tmp_path, 
     report = json.loads((tmp_path / "ddp" / "metrics.json").read_text())
     assert report["fit"]["epochs_run"] == 3
     assert json.loads((tmp_path / "ddp" / "config.json").read_text())["world_size"] == 2
+
+
+def _rank_in_session(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks: rank 0 works a second longer inside the session (as it evaluates and writes after the
+    last epoch); each writes when its work ended and when it left the session."""
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    with distributed.session("cpu"):
+        time.sleep(1.0 if rank == 0 else 0.0)
+        worked = time.monotonic()
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"worked": worked, "left": time.monotonic()}))
+
+
+def test_no_rank_leaves_the_session_before_rank_0_has_finished(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_rank_in_session, args=(r, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r1["worked"] < r0["worked"] <= r1["left"]  # rank 1 waited for rank 0 before tearing the group down
 
 
 class Items(torch.utils.data.Dataset):
