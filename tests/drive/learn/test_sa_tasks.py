@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tarfile
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from drive.errors import UserError
 from drive.learn import offline, sa_study, sa_summary
 from drive.learn.tasks import sa_forecast, sa_uci
 from tests.agents.test_timesfm import TINY, tiny
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY_FT = ("encoder.d_model=8", "n_heads=2", "n_blocks=1", "task.n_samples=8", "task.sa_passes=2")
@@ -149,3 +151,29 @@ def test_the_uci_study_defaults_to_five_gal_splits_and_protein_has_five(tmp_path
     full = offline.make_grid("sa-uci", datasets=("concrete", "protein"), seeds=20, out=tmp_path, data=str(shared_data))
     per_set = {d: len({c.seed for c in offline.cells(full) if c.dataset == d}) for d in ("concrete", "protein")}
     assert per_set == {"concrete": 20, "protein": 5}  # Gal's protocol: 20 splits, Protein 5
+
+
+@pytest.mark.parametrize("archive", sorted((REPO / "docs" / "sa_study_runs").glob("*20.tar.gz")), ids=lambda p: p.name)
+def test_an_archived_20_split_set_regenerates_its_documented_rows(tmp_path, monkeypatch, archive):
+    """docs/sa_study_runs/SET20.tar.gz (the cells' records, no weights) extracted into the grid's directory: the
+    report reads them as 20 finished splits per method and its rows are the ones docs/sa_study.md shows."""
+    dataset = archive.name.removesuffix("20.tar.gz")
+    monkeypatch.chdir(tmp_path)  # the records name their run directories relative to the working directory
+    out = tmp_path / "runs" / "sa-bench" / "uci"
+    out.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(out, filter="data")
+    argv = ["bench", "offline", "--task", "sa-uci", "--datasets", dataset, "--seeds", "20", "--report-only", "--out",
+            "runs/sa-bench/uci"]  # fmt: skip
+    assert main(argv) == 0
+    lines = [line for line in (out / "results.md").read_text().splitlines() if line.startswith(f"| {dataset} | ")]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    table = {r[1]: r for r in rows if len(r) >= 18}  # the main table: dataset, method, runs, nRMSE, MAE, PIT-W1, cov95
+    assert set(table) == {"sa", "mcd", "swag", "multiswag", "ivon", "cdrop", "hsa"}
+    assert {r[2] for r in table.values()} == {"20"}
+    docs = (REPO / "docs" / "sa_study.md").read_text()
+    section = docs[docs.index(f"**{dataset.capitalize()}**") :]
+    for method, r in table.items():  # the 5 -> 20 table: nRMSE, PIT-W1 and cov95 at 20 splits
+        assert f"| {method} | 5 → 20 | " in section
+        documented = next(line for line in section.splitlines() if line.startswith(f"| {method} | 5 → 20 | "))
+        assert [c.split("→")[1].strip() for c in documented.strip("|").split("|")[2:5]] == [r[3], r[5], r[6]]
