@@ -153,6 +153,11 @@ def test_the_uci_study_defaults_to_five_gal_splits_and_protein_has_five(tmp_path
     assert per_set == {"concrete": 20, "protein": 5}  # Gal's protocol: 20 splits, Protein 5
 
 
+def _cells(line: str) -> list[str]:
+    """The stripped cells of one markdown table row."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
 @pytest.mark.parametrize("archive", sorted((REPO / "docs" / "sa_study_runs").glob("*20.tar.gz")), ids=lambda p: p.name)
 def test_an_archived_20_split_set_regenerates_its_documented_rows(tmp_path, monkeypatch, archive):
     """docs/sa_study_runs/SET20.tar.gz (the cells' records, no weights) extracted into the grid's directory: the
@@ -167,7 +172,7 @@ def test_an_archived_20_split_set_regenerates_its_documented_rows(tmp_path, monk
             "runs/sa-bench/uci"]  # fmt: skip
     assert main(argv) == 0
     lines = [line for line in (out / "results.md").read_text().splitlines() if line.startswith(f"| {dataset} | ")]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    rows = [_cells(line) for line in lines]
     table = {r[1]: r for r in rows if len(r) >= 18}  # the main table: dataset, method, runs, nRMSE, MAE, PIT-W1, cov95
     assert set(table) == {"sa", "mcd", "swag", "multiswag", "ivon", "cdrop", "hsa"}
     assert {r[2] for r in table.values()} == {"20"}
@@ -176,7 +181,7 @@ def test_an_archived_20_split_set_regenerates_its_documented_rows(tmp_path, monk
     for method, r in table.items():  # the 5 -> 20 table: nRMSE, PIT-W1 and cov95 at 20 splits
         assert f"| {method} | 5 → 20 | " in section
         documented = next(line for line in section.splitlines() if line.startswith(f"| {method} | 5 → 20 | "))
-        assert [c.split("→")[1].strip() for c in documented.strip("|").split("|")[2:5]] == [r[3], r[5], r[6]]
+        assert [c.split("→")[1].strip() for c in _cells(documented)[2:5]] == [r[3], r[5], r[6]]
 
 
 def test_the_readme_uci_table_shows_the_documented_20_split_rows():
@@ -191,18 +196,18 @@ def test_the_readme_uci_table_shows_the_documented_20_split_rows():
         if line.startswith("**") and line[2:].split("**")[0].lower() in {"power", "concrete", "wine", "energy",
                                                                           "kin8nm", "naval"}:  # fmt: skip
             label = line[2:].split("**")[0].lower()
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = _cells(line)
         if len(cells) == 7 and cells[1] == "5 → 20":  # PIT-W1, width ratio, adapt s at 20 splits
             documented[label, cells[0]] = [cells[i].split("→")[1].split("[")[0].strip() for i in (3, 5, 6)]
     for line in docs[docs.index("## UCI (FT-Transformer") :].splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = _cells(line)
         if len(cells) == 11 and cells[0] == "protein" and cells[1] in methods:
             documented["protein", cells[1]] = [cells[4], cells[7], cells[10]]
     readme = (REPO / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("| ") and " · " in line]
     seen = set()
     for line in rows:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = _cells(line)
         dataset = cells[0].removesuffix(" (5)")
         pits = {}
         for method, cell in zip(methods, cells[1:], strict=True):
