@@ -8,7 +8,9 @@ PROVENANCE.md naming its source, so a user elsewhere points the root at copies f
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_VAR = "DRIVE_DATA_ROOT"
@@ -31,3 +33,30 @@ def data_folder(name: str, explicit: str | os.PathLike | None = None) -> Path:
             f"its PROVENANCE.md names the original source)"
         )
     return folder
+
+
+def portable(value: Any, base: str | os.PathLike | None = None) -> Any:
+    """`value` with every absolute path in it written relative to `base` (default: the working directory): a str
+    that is an absolute path, `PREFIX:/abs,/abs2` as in `udacity:DIR,DIR` or `KEY=/abs` as in `--set` (not a URL),
+    inside dicts, lists and tuples too.
+    What the project writes (checkpoints, config.json, metrics, traces) never names the folders of the machine that
+    made it: a run made in a checkout beside shared/ records `../shared/data/...`, which resolves again from any
+    checkout laid out the same way."""
+    if isinstance(value, dict):
+        return {k: portable(v, base) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(portable(v, base) for v in value)
+    if not isinstance(value, str):
+        return value
+    for mark in (":", "="):  # udacity:/abs/a,/abs/b and task.test_data=/abs
+        prefix, sep, rest = value.partition(mark)
+        if sep and prefix.replace(".", "_").isidentifier() and rest.startswith("/") and not rest.startswith("//"):
+            return f"{prefix}{mark}" + ",".join(portable(p, base) for p in rest.split(","))
+    if not os.path.isabs(value):
+        return value
+    return os.path.relpath(value, os.fspath(base) if base is not None else os.getcwd())
+
+
+def portable_command(command: str, base: str | os.PathLike | None = None) -> str:
+    """A recorded command line with its absolute paths made relative (portable), words otherwise unchanged."""
+    return shlex.join(portable(shlex.split(command), base))
