@@ -1,9 +1,12 @@
-"""The README works as written: its pipeline block runs verbatim, counts shrunk only through options it shows."""
+"""The README works as written: its pipeline block runs verbatim, counts shrunk only through options it shows; it
+stays short, every report in docs/ is reachable from it, and its one results table is the report's."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,9 @@ from drive.cli import main
 from drive.observe.trace import read_trace
 from drive.observe.video import read_video
 from tests.conftest import REPO
+
+MAX_README_LINES = 200  # what to type and where to look; reports live in docs/ (STYLE.md, "Results and reports")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 # option -> {value in the README: value in this test}; nothing else on a line may change
 SHRINK = {
@@ -58,6 +64,72 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert ci[-1] == command, "`.ci/run` must call exactly the README's test command"
     assert all(step in command for step in ("ruff check", "ruff format --check", "mypy", "pytest"))
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading ids: lower case, punctuation dropped, spaces to hyphens, repeats numbered."""
+    seen: dict[str, int] = {}
+    in_code = False
+    for line in page.read_text().splitlines():
+        in_code ^= line.startswith("```")
+        if in_code or not line.startswith("#"):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+    return {f"{slug}-{n}" if n else slug for slug, count in seen.items() for n in range(count + 1)}
+
+
+def _links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+    return [m for m in LINK.findall(text) if not re.match(r"[a-z]+:", m)]
+
+
+def test_the_readme_stays_short():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README has {len(lines)} lines: move results into a docs/ page"
+
+
+def test_every_report_is_in_the_docs_index():
+    index = REPO / "docs" / "README.md"
+    linked = {(index.parent / link.split("#")[0]).resolve() for link in _links(index)}
+    pages = {p.resolve() for p in (REPO / "docs").glob("*.md") if p.name != "README.md"}
+    assert not pages - linked, f"docs/README.md does not list: {sorted(p.name for p in pages - linked)}"
+    assert "docs/README.md" in _links(REPO / "README.md")
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
+)
+def test_relative_links_resolve(page):
+    """Every relative link (and image) points at a file or folder that exists, and every #anchor at a heading."""
+    path = REPO / page
+    for link in _links(path):
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        assert file.exists(), f"{page}: {link} does not exist"
+        if anchor:
+            assert anchor in _anchors(file), f"{page}: {link}: no such heading in {file.name}"
+
+
+def _table(text: str, header: str) -> list[str]:
+    start = text.index(header)
+    rows = []
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    return rows
+
+
+def test_the_readme_results_table_is_the_closed_loop_reports():
+    """The README's one results table is docs/closed_loop.md's headline table, row for row."""
+    readme = (REPO / "README.md").read_text()
+    report = (REPO / "docs" / "closed_loop.md").read_text()
+    shown = _table(readme, "## Results")
+    assert len(shown) == 9 and shown[0].startswith("| controller | return mean ± std |")  # header, rule, expert, six
+    assert shown == _table(report, "## The headline table")
+    assert "docs/closed_loop.md#limits-of-the-headline-table" in _links(REPO / "README.md")
 
 
 @pytest.mark.usefixtures("one_thread")
