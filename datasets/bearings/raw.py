@@ -20,6 +20,14 @@ Quirks, each seen in the fixtures, and how they are handled:
 - Clock times are seconds since midnight; a run crossing midnight is unwrapped across files (`unwrap_days`).
 - Files are ordered by their number, not by name; numbers must run 1..N without a gap (a gap is a missing snapshot
   and raises, naming the folder and the first missing number).
+- A run stops mid-file: the last file of a series may be short (PRONOSTIA Learning_set/Bearing2_1 ends with a 37-row
+  temp_00151.csv). `find_bearing` drops a short LAST acceleration snapshot and says so in `RawBearing.notes`: the
+  features then come from complete snapshots only, as every published row does (Bearing2_1: 911 x 2560 samples ->
+  exactly its 4663 rows), and no window mixes a cut-off snapshot into a time base that assumes full ones. Its rows
+  are still parsed, so a malformed row in it is an error like anywhere else. A short file anywhere else is
+  corruption and raises, naming the file and the line where it ends. Temperature files are listed and read only on
+  request (`RawBearing.temperature_files`); their short last file is kept (`short_ok`: its readings carry their own
+  clock), see `extract.py`.
 - A malformed file (wrong field count, a non-number, NaN/inf, an empty line, a missing or wrong XJTU header) or a
   truncated one (fewer rows than the format has) raises `BearingFileError` whose one-line message names the file and
   the line. The fast path is numpy's C parser; only when it fails or the shape is wrong is the file re-scanned line by
@@ -47,6 +55,7 @@ XJTU_HEADER = "Horizontal_vibration_signals,Vertical_vibration_signals"
 PRONOSTIA_ACC = re.compile(r"acc_(\d+)\.csv")
 PRONOSTIA_TEMP = re.compile(r"temp_(\d+)\.csv")
 XJTU_FILE = re.compile(r"(\d+)\.csv")
+BEARING_FOLDER = "one folder per bearing: PRONOSTIA acc_00001.csv, acc_00002.csv, ... or XJTU-SY 1.csv, 2.csv, ..."
 
 
 class BearingFileError(DataError):
@@ -102,10 +111,13 @@ def _scan(path: Path, lines: list[str], delim: str, n_fields: int, first: int) -
     return np.array(rows, dtype=np.float64).reshape(-1, n_fields)
 
 
-def read_table(path: str | os.PathLike, n_fields: int, n_rows: int | None, header: str | None = None) -> np.ndarray:
+def read_table(
+    path: str | os.PathLike, n_fields: int, n_rows: int | None, header: str | None = None, short_ok: bool = False
+) -> np.ndarray:
     """A delimited numeric file as (n_rows, n_fields) float64; `header`, if given, must be its first line exactly.
 
-    `n_rows=None` accepts any positive number of rows. Errors name the file and line (see the module docstring)."""
+    `n_rows=None` accepts any positive number of rows; `short_ok` accepts 0..n_rows rows (the last file of a stopped
+    run). Errors name the file and line (see the module docstring)."""
     path = Path(path)
     try:
         text = path.read_bytes().decode("ascii")
@@ -121,6 +133,8 @@ def read_table(path: str | os.PathLike, n_fields: int, n_rows: int | None, heade
             raise BearingFileError(path, 1, f"expected header {header!r}")
         lines, first = lines[1:], 2
     if not lines:
+        if short_ok:
+            return np.empty((0, n_fields))
         raise BearingFileError(path, first, "no data rows")
     delim = _delimiter(path, lines[0])
     try:
@@ -130,26 +144,32 @@ def read_table(path: str | os.PathLike, n_fields: int, n_rows: int | None, heade
         ok = False
     if not ok:
         data = _scan(path, lines, delim, n_fields, first)
-    if n_rows is not None and data.shape[0] != n_rows:
+    if n_rows is not None and data.shape[0] > n_rows:
+        raise BearingFileError(path, first + n_rows, f"{data.shape[0]} rows, more than the format's {n_rows}")
+    if n_rows is not None and data.shape[0] < n_rows and not short_ok:
         raise BearingFileError(path, first + data.shape[0], f"file ends after {data.shape[0]} of {n_rows} rows")
     return data
 
 
-def read_pronostia_acc(path: str | os.PathLike, n_rows: int | None = PRONOSTIA_ROWS) -> AccSnapshot:
-    data = read_table(path, 6, n_rows)  # (n, 6)
+def read_pronostia_acc(
+    path: str | os.PathLike, n_rows: int | None = PRONOSTIA_ROWS, short_ok: bool = False
+) -> AccSnapshot:
+    data = read_table(path, 6, n_rows, short_ok=short_ok)  # (n, 6)
     clock = data[:, 0] * 3600 + data[:, 1] * 60 + data[:, 2] + data[:, 3] * 1e-6
     return AccSnapshot(Path(path), clock, np.ascontiguousarray(data[:, 4:6]))
 
 
-def read_pronostia_temp(path: str | os.PathLike, n_rows: int | None = PRONOSTIA_TEMP_ROWS) -> TempSnapshot:
-    data = read_table(path, 5, n_rows)  # (n, 5)
+def read_pronostia_temp(
+    path: str | os.PathLike, n_rows: int | None = PRONOSTIA_TEMP_ROWS, short_ok: bool = False
+) -> TempSnapshot:
+    data = read_table(path, 5, n_rows, short_ok=short_ok)  # (n, 5)
     clock = data[:, 0] * 3600 + data[:, 1] * 60 + data[:, 2] + data[:, 3] / 10
     return TempSnapshot(Path(path), clock, data[:, 4].copy())
 
 
-def read_xjtu(path: str | os.PathLike, n_rows: int | None = XJTU_ROWS) -> np.ndarray:
+def read_xjtu(path: str | os.PathLike, n_rows: int | None = XJTU_ROWS, short_ok: bool = False) -> np.ndarray:
     """(n_rows, 2) horizontal, vertical acceleration [g] of one XJTU-SY snapshot."""
-    return read_table(path, 2, n_rows, header=XJTU_HEADER)
+    return read_table(path, 2, n_rows, header=XJTU_HEADER, short_ok=short_ok)
 
 
 def unwrap_days(clock: np.ndarray) -> np.ndarray:
@@ -173,13 +193,14 @@ def _numbered(folder: Path, pattern: re.Pattern) -> tuple[Path, ...]:
 
 @dataclass(frozen=True)
 class RawBearing:
-    """The snapshot files of one bearing folder, in time order."""
+    """The complete acceleration snapshot files of one bearing folder, in time order."""
 
     folder: Path
     layout: str  # "pronostia" or "xjtu"
-    acc_files: tuple[Path, ...]  # (N,) acceleration snapshots
-    temp_files: tuple[Path, ...]  # PRONOSTIA temperature files; () when absent or XJTU
+    acc_files: tuple[Path, ...]  # (N,) complete acceleration snapshots
     rows_per_file: int  # samples in every acceleration snapshot
+    n_recorded: int  # snapshot files in the folder: N, or N + 1 when a short last one was dropped
+    notes: tuple[str, ...] = ()  # one line each: what was dropped and why
 
     @property
     def name(self) -> str:
@@ -193,18 +214,45 @@ class RawBearing:
         vibration = read_xjtu(path, self.rows_per_file)
         return AccSnapshot(path, 60.0 * i + np.arange(len(vibration)) / FS, vibration)
 
+    def temperature_files(self) -> tuple[Path, ...]:
+        """PRONOSTIA `temp_NNNNN.csv` in order (a gap raises); () when the bearing has none or for XJTU-SY."""
+        return _numbered(self.folder, PRONOSTIA_TEMP) if self.layout == "pronostia" else ()
+
+
+def _short_last(files: tuple[Path, ...], rows: int, layout: str) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """`files` without a short last snapshot (parsed, so a malformed row still raises) and the note saying so."""
+    last = files[-1]
+    with open(last, "rb") as handle:  # a complete file is not parsed twice: counting its lines is enough here
+        n_lines = sum(1 for line in handle if line.strip())
+    if n_lines >= rows + (layout == "xjtu"):
+        return files, ()
+    n = len(read_xjtu(last, rows, short_ok=True) if layout == "xjtu" else read_pronostia_acc(last, rows, True).clock)
+    if len(files) == 1:
+        what = f"file ends after {n} of {rows} rows, and it is the only snapshot: none complete to use"
+        raise BearingFileError(last, n + 1 + (layout == "xjtu"), what)
+    note = (f"{last}: {n} of {rows} rows (the run stopped mid-snapshot): dropped, features from the "
+            f"{len(files) - 1} complete snapshots")  # fmt: skip
+    return files[:-1], (note,)
+
 
 def find_bearing(folder: str | os.PathLike, rows_per_file: int | None = None) -> RawBearing:
     """Recognise a bearing folder: PRONOSTIA if it holds `acc_*.csv`, XJTU-SY if it holds numbered `*.csv`.
 
-    `rows_per_file` overrides the format's snapshot length (2560 / 32768), e.g. for a shortened test fixture."""
+    Reads nothing but the last snapshot file's length (a short one is dropped, see the module docstring);
+    temperature files are not looked at. `rows_per_file` overrides the format's snapshot length (2560 / 32768),
+    e.g. for a shortened test fixture."""
     folder = Path(folder)
+    if folder.is_file():
+        snapshot = PRONOSTIA_ACC.fullmatch(folder.name) or XJTU_FILE.fullmatch(folder.name)
+        hint = f"; did you mean its folder {folder.parent}?" if snapshot else ""
+        raise BearingFileError(folder, None, f"is a file, not a bearing folder ({BEARING_FOLDER}){hint}")
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: bearing folder not found")
-    acc = _numbered(folder, PRONOSTIA_ACC)
-    if acc:
-        return RawBearing(folder, "pronostia", acc, _numbered(folder, PRONOSTIA_TEMP), rows_per_file or PRONOSTIA_ROWS)
-    xjtu = _numbered(folder, XJTU_FILE)
-    if xjtu:
-        return RawBearing(folder, "xjtu", xjtu, (), rows_per_file or XJTU_ROWS)
-    raise BearingFileError(folder, None, "no PRONOSTIA acc_NNNNN.csv nor XJTU-SY N.csv snapshot files")
+    layout, files = "pronostia", _numbered(folder, PRONOSTIA_ACC)
+    if not files:
+        layout, files = "xjtu", _numbered(folder, XJTU_FILE)
+    if not files:
+        raise BearingFileError(folder, None, "no PRONOSTIA acc_NNNNN.csv nor XJTU-SY N.csv snapshot files")
+    rows = rows_per_file or (PRONOSTIA_ROWS if layout == "pronostia" else XJTU_ROWS)
+    complete, notes = _short_last(files, rows, layout)
+    return RawBearing(folder, layout, complete, rows, len(files), notes)

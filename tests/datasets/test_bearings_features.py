@@ -39,7 +39,9 @@ def bearing1_4(shared_data, tmp_path_factory):
     raw = shared_data / "bearings" / "pronostia_raw" / "fixtures" / "Full_Test_Set" / "Bearing1_4"
     out = tmp_path_factory.mktemp("features") / "Bearing1_4_features.csv"
     progress = []
-    n = extract_features(raw, out, on_progress=lambda done, total: progress.append((done, total)))
+    n = extract_features(
+        raw, out, temperature_files=True, on_progress=lambda done, total: progress.append((done, total))
+    )
     published = _rows(shared_data / "bearings" / "features" / "tf_features_pronostia" / "Bearing1_4_features.csv.gz")
     signal = np.array([[float(f) for f in line.split(";")[4:]] for line in (raw / "acc_00001.csv").read_text().split()])
     return n, progress, _rows(out), published, signal, out
@@ -180,7 +182,9 @@ def test_temperature_interpolated_at_window_clock(tmp_path):
     clock = 9 * 3600 + np.arange(600) / 10  # 9:00:00.0 .. 9:00:59.9, temperature rising 1 deg C a second
     lines = [f"9,0,{int(c - 32400)},{round((c % 1) * 10)},{20 + (c - 32400):.1f}" for c in clock]
     (folder / "temp_00001.csv").write_text("\n".join(lines) + "\n")
-    extract_features(folder, tmp_path / "t.csv", rows_per_file=1000)
+    extract_features(folder, tmp_path / "d.csv", rows_per_file=1000)  # by default temperature files are not read
+    assert {r["Temperature"] for r in _rows(tmp_path / "d.csv")} == {"298.15"}
+    extract_features(folder, tmp_path / "t.csv", rows_per_file=1000, temperature_files=True)
     temps = [float(r["Temperature"]) for r in _rows(tmp_path / "t.csv")]
     starts = 500 * np.arange(len(temps))
     expected = 20 + (starts // 1000) * 10 + (starts % 1000) / 25600

@@ -79,13 +79,12 @@ def test_exponent_and_delimiter_variants_read_the_same_snapshot(fixtures):
 def test_find_bearing_pronostia_with_and_without_temperature(fixtures, tmp_path):
     full = find_bearing(fixtures / "Full_Test_Set" / "Bearing1_4")
     assert (full.layout, full.name, full.rows_per_file) == ("pronostia", "Bearing1_4", 2560)
-    assert [p.name for p in full.acc_files] == ["acc_00001.csv"] and [p.name for p in full.temp_files] == [
-        "temp_00001.csv"
-    ]
+    assert [p.name for p in full.acc_files] == ["acc_00001.csv"] and full.notes == ()
+    assert [p.name for p in full.temperature_files()] == ["temp_00001.csv"]  # listed only when asked for
     alone = tmp_path / "Bearing2_2"
     alone.mkdir()
     (alone / "acc_00001.csv").write_bytes((fixtures / ACC[0]).read_bytes())
-    assert find_bearing(alone).temp_files == ()
+    assert find_bearing(alone).temperature_files() == ()
 
 
 def test_find_bearing_rejects_a_gap(fixtures):

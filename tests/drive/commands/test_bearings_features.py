@@ -1,5 +1,6 @@
 """`drive bearings features`: raw fixtures -> rows equal to a direct numpy / scipy / pywt computation on the same
-windows and to the published file, the progress bar, one-line errors naming file and line with exit code 2."""
+windows and to the published file, the progress bar, one-line errors naming file and line with exit code 2, a stopped
+run's short last files reported in one note each, the folder positional or `--raw`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from scipy.stats import entropy, kurtosis, skew
 from datasets.bearings import PRONOSTIA_SPEC, XJTU_SPEC
 from drive.cli import main
 from tests.conftest import REPO
+from tests.datasets.bearing_runs import write_run
 
 XJTU_FIXTURE = REPO / "tests" / "fixtures" / "bearings" / "xjtu" / "35Hz12kN" / "Bearing1_1"
 
@@ -131,3 +133,66 @@ def test_bad_paths_exit_2_with_one_line(bearing1_4, tmp_path, capsys, raw, out, 
     assert main(["bearings", "features", "--raw", str(folder), "--out", str(tmp_path / out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("drive bearings features: error: ") and what in err and err.count("\n") == 1
+
+
+@pytest.fixture
+def stopped_run(shared_data, tmp_path) -> Path:
+    """A Bearing2_1-like run as the real folder ends: the last acc file and the last temp file cut short."""
+    fixtures = shared_data / "bearings" / "pronostia_raw" / "fixtures"
+    return write_run(fixtures, tmp_path / "Bearing2_1", acc_rows={5: 1280}, temp_rows={2: 37})
+
+
+def test_stopped_run_exit_0_with_one_note_per_file(stopped_run, tmp_path, capsys):
+    out = tmp_path / "f.csv"
+    assert main(["bearings", "features", str(stopped_run), "--out", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    acc_note = (f"drive bearings features: note: {stopped_run / 'acc_00005.csv'}: 1280 of 2560 rows (the run stopped "
+                "mid-snapshot): dropped, features from the 4 complete snapshots\n")  # fmt: skip
+    assert captured.err == acc_note  # temperature files untouched: no word about the short temp_00002.csv
+    assert captured.out.startswith("wrote 19 rows (pronostia layout, 4 files, ")
+    assert len(_rows(out)) == PRONOSTIA_SPEC.n_windows(4 * 2560) == 19
+    argv = ["bearings", "features", "--raw", str(stopped_run), "--out", str(tmp_path / "t.csv"), "--temperature-files"]
+    assert main(argv) == 0  # with the progress bar: the notes still reach stderr, one line each
+    err = capsys.readouterr().err
+    assert acc_note in err and (f"drive bearings features: note: {stopped_run / 'temp_00002.csv'}: 37 of 600 rows "
+                                "(the run stopped): its readings used as far as they go\n") in err  # fmt: skip
+    assert [r["Horizontal"] for r in _rows(tmp_path / "t.csv")] == [r["Horizontal"] for r in _rows(out)]
+
+
+def test_short_middle_file_is_still_an_error(stopped_run, tmp_path, capsys):
+    middle = stopped_run / "acc_00003.csv"
+    middle.write_text("".join(middle.read_text().splitlines(keepends=True)[:2000]))
+    assert main(["bearings", "features", str(stopped_run), "--out", str(tmp_path / "f.csv"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"drive bearings features: error: {middle}:2001: file ends after 2000 of 2560 rows\n")
+    assert not (tmp_path / "f.csv").exists()
+
+
+def test_readme_form_positional_folder_default_out(stopped_run, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["bearings", "features", str(stopped_run), "--no-progress"]) == 0  # `drive bearings features RAW_DIR`
+    assert "to Bearing2_1_features.csv" in capsys.readouterr().out
+    assert len(_rows(work / "Bearing2_1_features.csv")) == 19
+    assert main(["bearings", "features", "--raw", str(stopped_run), "--out", "old.csv", "--no-progress"]) == 0
+    assert (work / "old.csv").read_bytes() == (work / "Bearing2_1_features.csv").read_bytes()
+    assert main(["bearings", "features", str(XJTU_FIXTURE), "--rows-per-file", "300", "--no-progress"]) == 0
+    assert (work / "Bearing1_1_features_with_labels.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [(["{run}/acc_00001.csv"], "acc_00001.csv: is a file, not a bearing folder (one folder per bearing: PRONOSTIA "
+                                "acc_00001.csv, acc_00002.csv, ... or XJTU-SY 1.csv, 2.csv, ...); did you mean its "
+                                "folder {run}?"),
+     ([], "no bearing folder: drive bearings features RAW_DIR (or --raw RAW_DIR)"),
+     (["{run}", "--raw", "{tmp}"], "two bearing folders"),
+     (["{run}", "--temperature", "20", "--temperature-files"], "--temperature (a constant) and --temperature-files"),
+     ([str(XJTU_FIXTURE), "--temperature-files"], "XJTU-SY records no temperature")],
+)  # fmt: skip
+def test_folder_and_temperature_mistakes_exit_2(stopped_run, tmp_path, capsys, args, what):
+    argv = [a.format(run=stopped_run, tmp=tmp_path) for a in args]
+    assert main(["bearings", "features", *argv, "--out", str(tmp_path / "f.csv"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("drive bearings features: error: ") and what.format(run=stopped_run) in err[-1]
