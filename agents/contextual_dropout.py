@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from agents.checks import at_least
 from agents.ft_transformer import FTBlock, FTController, FTTransformerConfig, Noise
 
 
@@ -46,6 +47,11 @@ class ContextualDropoutConfig(FTTransformerConfig):
     """weight of KL(q || p) in the objective (1 = the ELBO)"""
     n_samples: int = 32
     """Monte-Carlo samples S for a prediction"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "reduction", "n_samples")
+        at_least(self, 0, "kl_weight")
 
     def build(self) -> ContextualDropout:
         return ContextualDropout(self)

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from agents.checks import at_least, one_of
+
 
 @dataclass(frozen=True)
 class EncoderConfig:
     kind: str = "features"
-    """one of: features, sequence, frames, nvidia, patches"""
+    """one of: features, sequence, frames, nvidia, patches, ft_features"""
     in_dim: int = 1
     """features: number of input features; sequence/patches: features (channels) per step; nvidia: frames stacked
     (1: one image); frames: ignored"""
@@ -36,6 +38,12 @@ class EncoderConfig:
     """sequence/patches: number of steps; frames: frames in the stack; features: ignored (= in_dim)"""
     d_model: int = 64
     """token width"""
+
+    def __post_init__(self) -> None:
+        one_of(self, "kind", ENCODERS)
+        at_least(self, 1, "in_dim", "n_tokens", "d_model")
+        if self.kind == "patches":
+            at_least(self, PatchTokens.patch_len, "n_tokens")  # the look-back must hold one patch
 
 
 class FeatureTokens(nn.Module):

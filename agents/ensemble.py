@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.base import Controller, Prediction, gaussian_nll, total_variance
+from agents.checks import at_least, heads_divide
 from agents.encoders import EncoderConfig
 from agents.layers.attention import AttentionBackbone, GaussianHead
 
@@ -37,6 +38,10 @@ class EnsembleConfig:
     """attention heads"""
     n_members: int = 5
     """ensemble size M (the paper's default)"""
+
+    def __post_init__(self) -> None:
+        heads_divide(self, self.encoder.d_model)
+        at_least(self, 1, "out_dim", "n_members")
 
     def build(self) -> DeepEnsemble:
         return DeepEnsemble(self)

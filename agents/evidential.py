@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.base import Controller, Prediction
+from agents.checks import at_least, heads_divide
 from agents.encoders import EncoderConfig
 from agents.layers.attention import AttentionBackbone
 
@@ -45,6 +46,11 @@ class EvidentialConfig:
     """attention heads"""
     reg_weight: float = 0.01
     """lambda, weight of the evidence regulariser |y - gamma| (2 nu + alpha)"""
+
+    def __post_init__(self) -> None:
+        heads_divide(self, self.encoder.d_model)
+        at_least(self, 1, "out_dim")
+        at_least(self, 0, "reg_weight")
 
     def build(self) -> DeepEvidential:
         return DeepEvidential(self)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agents.checks import at_least
 from agents.ft_transformer import FTController, FTTransformerConfig, Noise
 
 
@@ -27,6 +28,10 @@ from agents.ft_transformer import FTController, FTTransformerConfig, Noise
 class FTMCDropoutConfig(FTTransformerConfig):
     n_samples: int = 32
     """Monte-Carlo samples S for a prediction"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "n_samples")
 
     def build(self) -> FTMCDropout:
         return FTMCDropout(self)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.base import Controller
+from agents.checks import at_least, heads_divide, in_range, positive
 from agents.encoders import EncoderConfig, build_encoder
 from agents.layers.attention import dropout
 
@@ -62,6 +63,13 @@ class FTTransformerConfig:
     """dropout on each residual branch"""
     ffn_factor: float = 4 / 3
     """ReGLU hidden width as a multiple of d_model"""
+
+    def __post_init__(self) -> None:
+        heads_divide(self, self.encoder.d_model)
+        at_least(self, 1, "out_dim", "n_blocks")
+        for name in ("attention_dropout", "ffn_dropout", "residual_dropout"):
+            in_range(self, name, 0, 1, high_open=True)
+        positive(self, "ffn_factor")
 
     def build(self) -> FTTransformer:
         return FTTransformer(self)

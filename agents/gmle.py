@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from agents.base import Controller, gaussian_nll
+from agents.checks import at_least, heads_divide
 from agents.encoders import EncoderConfig
 from agents.layers.attention import AttentionBackbone, GaussianHead
 
@@ -32,6 +33,10 @@ class GMLEConfig:
     """number of regression targets"""
     n_heads: int = 4
     """attention heads"""
+
+    def __post_init__(self) -> None:
+        heads_divide(self, self.encoder.d_model)
+        at_least(self, 1, "out_dim")
 
     def build(self) -> GMLE:
         return GMLE(self)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from agents.checks import at_least, positive
 from agents.ft_transformer import FTBlock, FTController, FTTransformerConfig, Noise
 from agents.layers.attention import dropout
 
@@ -38,6 +39,11 @@ class HSAConfig(FTTransformerConfig):
     """Gumbel-softmax temperature of the attention over keys"""
     n_samples: int = 32
     """Monte-Carlo samples S for a prediction"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "n_centroids", "n_samples")
+        positive(self, "tau_centroids", "tau_attention")
 
     def build(self) -> HSA:
         return HSA(self)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils import parameters_to_vector
 
+from agents.checks import at_least, in_range, positive
 from agents.ft_transformer import FTController, FTTransformerConfig, flat_call
 
 
@@ -47,6 +48,13 @@ class IVONConfig(FTTransformerConfig):
     """weight samples per training step (IVON's mc_samples)"""
     n_samples: int = 32
     """posterior samples S for a prediction"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive(self, "lr", "hess_init")
+        at_least(self, 0, "prior_precision")
+        in_range(self, "beta2", 0, 1)
+        at_least(self, 1, "train_samples", "n_samples")
 
     def build(self) -> IVONRegressor:
         return IVONRegressor(self)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from agents.base import Controller, gaussian_nll
+from agents.checks import at_least, heads_divide, in_range
 from agents.encoders import EncoderConfig
 from agents.layers.attention import AttentionBackbone, GaussianHead
 
@@ -40,6 +41,11 @@ class MCDropoutConfig:
     """dropout rate p, active in training and prediction"""
     n_samples: int = 32
     """Monte-Carlo samples S for a prediction"""
+
+    def __post_init__(self) -> None:
+        heads_divide(self, self.encoder.d_model)
+        at_least(self, 1, "out_dim", "n_samples")
+        in_range(self, "dropout", 0, 1, high_open=True)
 
     def build(self) -> MCDropout:
         return MCDropout(self)

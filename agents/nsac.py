@@ -87,6 +87,7 @@ import torch
 from torch import Tensor, nn
 
 from agents.base import Controller, Prediction, gaussian_nll
+from agents.checks import at_least, heads_divide, in_range, one_of, positive
 from agents.encoders import EncoderConfig, build_encoder
 from agents.layers.attention import TokenReadout
 from agents.layers.nsac_attention import NSACAttention
@@ -143,29 +144,24 @@ class NSACConfig:
     raw float surrogate, whose out-of-range pixels the network learns to flag instead of the perturbation"""
 
     def __post_init__(self):
-        d, h = self.encoder.d_model, self.n_heads
-        if h < 1 or d % h:
-            raise ValueError(f"NSACConfig.n_heads={h} must divide encoder.d_model={d}")
-        if self.top_k < 0:
-            raise ValueError(f"NSACConfig.top_k={self.top_k} must be >= 0 (0 = dense)")
-        if not 0.1 <= self.sparsity <= 0.9:
-            raise ValueError(f"NSACConfig.sparsity={self.sparsity} must be in [0.1, 0.9]")
+        heads_divide(self, self.encoder.d_model)
+        at_least(self, 1, "out_dim")
+        at_least(self, 0, "top_k", "noise_scale", "reg_weight", "var_eps", "ood_scale", "ood_gain", "ood_offset")
+        at_least(self, -1, "time_feature")
+        in_range(self, "wiring_seed", 0, 2**32 - 8)  # numpy seeds; each wiring adds up to 3
+        positive(self, "reg_eps")
+        in_range(self, "sparsity", 0.1, 0.9)
+        in_range(self, "ood_noise_share", 0, 1)
+        in_range(self, "ood_scale_min", 0, 1)
+        if self.backbone_units and self.backbone_units < 6:  # AutoNCP: 3 motor neurons need units - 2 > 3
+            raise ValueError(f"NSACConfig.backbone_units={self.backbone_units} must be 0 (auto) or >= 6")
         if self.n_passes < 1 or (self.reg_weight > 0 and self.n_passes < 2):
             raise ValueError(
                 f"NSACConfig.n_passes={self.n_passes}: need >= 2 passes when reg_weight > 0 "
                 "(with one pass the epistemic variances are 0 and L_reg vanishes)"
             )
-        if (
-            min(self.noise_scale, self.ood_scale, self.ood_gain, self.ood_offset, self.reg_weight, self.var_eps) < 0
-            or self.reg_eps <= 0
-        ):
-            raise ValueError("NSACConfig.noise_scale, ood_scale, reg_weight, var_eps must be >= 0 and reg_eps > 0")
-        if not (0 <= self.ood_noise_share <= 1 and 0 <= self.ood_scale_min <= 1):
-            raise ValueError("NSACConfig.ood_noise_share and ood_scale_min must be in [0, 1]")
-        if self.ood_at not in ("heads", "input"):
-            raise ValueError(f"NSACConfig.ood_at={self.ood_at!r}: choose heads or input")
-        if self.reg_form not in ("anchored", "paper"):
-            raise ValueError(f"NSACConfig.reg_form={self.reg_form!r}: choose anchored or paper")
+        one_of(self, "ood_at", ("heads", "input"))
+        one_of(self, "reg_form", ("anchored", "paper"))
         if self.time_feature >= 0:
             if self.encoder.kind not in ("features", "sequence"):
                 raise ValueError(

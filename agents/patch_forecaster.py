@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.base import Controller
+from agents.checks import at_least, heads_divide, in_range
 from agents.encoders import EncoderConfig, build_encoder
 from agents.layers.stochastic_attention import is_stochastic
 
@@ -77,6 +78,15 @@ class PatchTSTConfig:
     """index of the target channel in the window's last axis"""
     beta: float = 1.0
     """beta-NLL exponent: 1 trains the mean as MSE does, 0 is the plain Gaussian NLL"""
+
+    def __post_init__(self) -> None:
+        heads_divide(self, self.encoder.d_model)
+        at_least(self, 1, "out_dim", "n_layers", "d_ff")
+        in_range(self, "dropout", 0, 1, high_open=True)
+        in_range(self, "attn_dropout", 0, 1, high_open=True)
+        in_range(self, "beta", 0, 1)
+        if self.encoder.in_dim > 1:  # the target indexes the channels the encoder reads
+            in_range(self, "target", -self.encoder.in_dim, self.encoder.in_dim, high_open=True)
 
     def build(self) -> PatchTST:
         return PatchTST(self)

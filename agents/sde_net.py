@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.base import Controller, gaussian_nll
+from agents.checks import at_least, heads_divide, positive
 from agents.encoders import EncoderConfig
 from agents.layers.attention import AttentionBackbone, GaussianHead
 
@@ -56,6 +57,12 @@ class SDENetConfig:
     """weight w of the diffusion classification loss"""
     n_samples: int = 32
     """Brownian paths S for a prediction"""
+
+    def __post_init__(self) -> None:
+        heads_divide(self, self.encoder.d_model)
+        at_least(self, 1, "out_dim", "n_steps", "n_samples")
+        positive(self, "t_end", "sigma_max")
+        at_least(self, 0, "ood_std", "diffusion_weight")
 
     def build(self) -> SDENet:
         return SDENet(self)

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 
 from agents.base import Controller
+from agents.checks import at_least, in_range
 from agents.ft_transformer import FTBackbone, FTController, FTTransformerConfig, Noise, flat_call, no_decay_groups
 
 
@@ -42,6 +43,11 @@ class SWAGConfig(FTTransformerConfig):
     n_samples: int = 30
     """sampled networks S for a prediction"""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "max_rank", "n_samples")
+        in_range(self, "swa_start", 0, 1, high_open=True)
+
     def build(self) -> SWAG:
         return SWAG(self)
 
@@ -50,6 +56,10 @@ class SWAGConfig(FTTransformerConfig):
 class MultiSWAGConfig(SWAGConfig):
     n_models: int = 10
     """independently trained SWAG models M (the SA paper's 10-seed MultiSWAG)"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "n_models")
 
     def build(self) -> MultiSWAG:
         return MultiSWAG(self)

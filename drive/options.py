@@ -4,15 +4,25 @@ rejects a value outside it with a one-line error, before a command runs or write
     episodes: PositiveInt = 2            # drive demo --episodes 0  ->  drive demo: error: --episodes: 0 is out ...
     port: Port = 4567
     lr: PositiveFloat = 1e-3
+    workers: Workers = 1                 # 1 .. MAX_WORKERS (4 per CPU this process may use)
+
+Paths a command will write are checked before it computes anything: `writable_file(cfg.out, "--out")`,
+`writable_dir(cfg.trace, "--trace")` create the parent (the folder) and open a scratch file there, so a path
+that cannot be written fails at once, naming the option and the path.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 from tyro.constructors import PrimitiveConstructorSpec
+
+from drive.errors import UserError
 
 
 def _spec(kind: type, metavar: str, check: Callable[[Any], str | None]) -> PrimitiveConstructorSpec:
@@ -73,3 +83,56 @@ Probability = FloatRange(0.0, 1.0)
 OpenUnit = FloatRange(0.0, 1.0, open_low=True)  # (0, 1]: a quantile, a fraction that cannot be 0
 PositiveFloat = FloatRange(0.0, None, open_low=True)
 NonNegativeFloat = FloatRange(0.0)
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# more worker processes than 4 per CPU only queue for it (and each holds an env, a policy and torch in memory);
+# a Ray cluster larger than this machine still gets 64 episodes in flight
+MAX_WORKERS = max(64, 4 * _cpus())
+
+
+def _check_workers(v: int) -> str | None:
+    if v < 1:
+        return "is out of range: must be >= 1"
+    if v > MAX_WORKERS:
+        return f"is too many: at most {MAX_WORKERS} (the larger of 64 and 4 per CPU; {_cpus()} CPUs here)"
+    return None
+
+
+Workers = Annotated[int, _spec(int, f"INT{{1..{MAX_WORKERS}}}", _check_workers)]
+
+
+def _scratch(folder: Path, option: str, path: Path) -> None:
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise UserError(f"{option} {path}: cannot write there ({existing} is a file, not a folder)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".drive-write-check-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(f"{option} {path}: cannot write there ({reason} at {exc.filename or folder})") from None
+
+
+def writable_file(path: Path | str, option: str) -> None:
+    """Fail now (a UserError naming `option` and `path`) unless a file can be written at `path`: its folder is
+    created, a scratch file opened and removed there."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a folder; give a file path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UserError(f"{option} {path}: the file exists and is not writable")
+    _scratch(path.parent, option, path)
+
+
+def writable_dir(path: Path | str, option: str) -> None:
+    """Fail now unless `path` is (or can be created as) a folder files can be written into."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option} {path}: exists and is not a folder")
+    _scratch(path, option, path)

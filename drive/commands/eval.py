@@ -17,11 +17,9 @@ from pathlib import Path
 
 from datasets.files import atomic_write
 from drive.errors import UserError
-from drive.learn import recording
-from drive.loop.evaluate import EvalOptions, describe, evaluate
-from drive.loop.specs import parse_policy_spec
-from drive.observe.trace_recorder import trace_observer
-from drive.observe.uq_plots import plot_eval
+from drive.loop.options import EvalOptions
+from drive.loop.seeds import parse_seeds
+from drive.options import writable_dir, writable_file
 
 
 @dataclass(frozen=True)
@@ -54,6 +52,9 @@ def print_table(results: dict, title: str) -> None:
 
 
 def score_recordings(cfg: Config) -> int:
+    from drive.learn import recording
+    from drive.loop.specs import parse_policy_spec
+
     kind, path = parse_policy_spec(cfg.policy)
     if kind != "ckpt":
         raise UserError(f"--data scores a trained controller: give --policy ckpt:PATH, not {cfg.policy!r}")
@@ -68,7 +69,24 @@ def score_recordings(cfg: Config) -> int:
     return 0
 
 
+def check_before_running(cfg: Config) -> None:
+    """What would otherwise fail only after the whole evaluation: the seed lists, and the paths to be written."""
+    parse_seeds(cfg.seeds)
+    parse_seeds(cfg.calibrate_seeds)
+    if cfg.out is not None:
+        writable_file(cfg.out, "--out")
+    if cfg.trace is not None:
+        writable_dir(cfg.trace, "--trace")
+
+
 def run(cfg: Config) -> int:
+    # the engine, imported when the command runs: `drive eval --help` must not load torch or the simulator
+    from drive.loop.evaluate import describe, evaluate
+    from drive.loop.specs import parse_policy_spec
+    from drive.observe.trace_recorder import trace_observer
+    from drive.observe.uq_plots import plot_eval
+
+    check_before_running(cfg)
     if cfg.data is not None:
         return score_recordings(cfg)
     observers = None if cfg.trace is None else functools.partial(trace_observer, cfg.trace)

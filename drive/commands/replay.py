@@ -9,9 +9,9 @@ from typing import Annotated
 
 import tyro
 
-from drive.observe.overlay import FRAME_SIZE
-from drive.observe.replay import replay
-from drive.options import IntRange, PositiveInt
+from drive.errors import UserError
+from drive.observe import FRAME_SIZE
+from drive.options import IntRange, PositiveInt, writable_file
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,21 @@ class Config:
     """side of the upscaled driving frame in pixels"""
 
 
+def check_before_running(cfg: Config) -> None:
+    """A trace folder (what `drive eval --trace DIR` names) points to its files; the video's path must be writable."""
+    if cfg.trace.is_dir():
+        found = sorted(cfg.trace.glob("trace_*.parquet"))
+        if not found:
+            raise UserError(f"{cfg.trace} is a folder without trace files (trace_seedNNNNNN.parquet, written by "
+                            "`drive eval --trace DIR`); give one trace file")  # fmt: skip
+        raise UserError(f"{cfg.trace} is a folder; give one of its {len(found)} trace files, e.g. {found[0]}")
+    writable_file(cfg.out, "--out")
+
+
 def run(cfg: Config) -> int:
+    from drive.observe.replay import replay  # pyarrow and the renderer: not for `--help`
+
+    check_before_running(cfg)
     n = replay(cfg.trace, cfg.out, cfg.fps, cfg.every, cfg.frame_size)
     print(f"wrote {cfg.out} ({n} frames at {cfg.fps} fps)")
     return 0

@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from agents.registry import CONTROLLERS
-from drive import checkpoint as ckpt
-from drive.learn import tasks
+from drive import fields
+from drive.errors import UserError
+from drive.options import writable_file
 
-ORDER = tuple(CONTROLLERS)  # the registry's order
+ORDER = tuple(fields.registry("agents.registry", "CONTROLLERS"))  # the registry's order, read without torch
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Config:
     """`drive eval --policy expert:ppo --out` JSON on the same seeds (the reference return)"""
     out: Path | None = None
     """also write the table (markdown) here"""
-    checkpoint: str = "best"
+    checkpoint: Literal["best", "last"] = "best"
     """which checkpoint the table describes: best (lowest validation NLL, drive train's report) or last"""
 
 
@@ -54,9 +55,32 @@ def offline(run: Path, checkpoint: str) -> dict:
         return ((_load(run / "metrics.json") or {}).get("test")) or {}
     cache = run / f"offline_{checkpoint}.json"
     if not cache.is_file():
+        from drive import checkpoint as ckpt  # torch: loaded when a table is made, not for --help
+        from drive.learn import tasks
+
         model, payload = ckpt.load_controller(run / f"{checkpoint}.pt")
         cache.write_text(json.dumps(tasks.rebuild(payload.get("data", {})).evaluate(model).get("test", {}), indent=1))
     return json.loads(cache.read_text())
+
+
+def run_names(runs: Path) -> list[str]:
+    """The run folders of RUNS (those holding metrics.json or eval.json): the registry's order, then the others."""
+    found = {p.name for p in runs.iterdir() if (p / "metrics.json").is_file() or (p / "eval.json").is_file()}
+    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
+
+
+def check_before_running(cfg: Config) -> None:
+    """Every input and output path, before anything is read in earnest or computed."""
+    if not cfg.runs.is_dir():
+        raise UserError(f"--runs {cfg.runs}: no such folder")
+    if not run_names(cfg.runs):
+        raise UserError(f"--runs {cfg.runs}: no runs in this folder; a run is a subfolder RUNS/<controller> holding "
+                        "metrics.json (drive train --out RUNS/<controller>) or eval.json (drive eval --out "
+                        "RUNS/<controller>/eval.json)")  # fmt: skip
+    if cfg.expert_eval is not None and not cfg.expert_eval.is_file():
+        raise UserError(f"--expert-eval {cfg.expert_eval}: no such file (a `drive eval --out` JSON)")
+    if cfg.out is not None:
+        writable_file(cfg.out, "--out")
 
 
 def table(runs: Path, expert_eval: Path | None = None, checkpoint: str = "best") -> str:
@@ -69,13 +93,8 @@ def table(runs: Path, expert_eval: Path | None = None, checkpoint: str = "best")
         lines.append(f"| expert ({expert['policy']}) | {expert['mean_return']:.1f} ± {expert['std_return']:.1f} | "
                      f"{expert['min_return']:.1f} | 100 % | {expert.get('laps_finished', '-')}/{expert['n_episodes']} |"
                      + " - |" * 10)  # fmt: skip
-    names = [n for n in ORDER if (runs / n).is_dir()] + sorted(
-        p.name for p in runs.iterdir() if p.is_dir() and p.name not in ORDER
-    )
-    for name in names:
+    for name in run_names(runs):
         ev, met = _load(runs / name / "eval.json"), _load(runs / name / "metrics.json")
-        if ev is None and met is None:
-            continue
         test = offline(runs / name, checkpoint) if met is not None else {}
         fit = (met or {}).get("fit", {})
         share = None if not (ev and ref) else 100 * ev["mean_return"] / ref
@@ -101,6 +120,7 @@ def table(runs: Path, expert_eval: Path | None = None, checkpoint: str = "best")
 
 
 def run(cfg: Config) -> int:
+    check_before_running(cfg)
     text = table(cfg.runs, cfg.expert_eval, cfg.checkpoint)
     print(text)
     if cfg.out is not None:

@@ -86,4 +86,6 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any], where: str = "") -> Any
     try:
         return dataclasses.replace(cfg, **flat)
     except (TypeError, ValueError) as exc:  # a config's own validation (__post_init__) refused the values
-        raise UserError(f"{type(cfg).__name__}: {exc}") from None
+        name = getattr(cfg, "LABEL", type(cfg).__name__)
+        message = str(exc) if str(exc).startswith(name) else f"{name}: {exc}"  # the checks name their config
+        raise UserError(message) from None

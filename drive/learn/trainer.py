@@ -27,22 +27,26 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
 
+from agents.checks import at_least, in_range, one_of, positive
 from datasets.files import atomic_write
 from drive import checkpoint, metrics
 from drive.errors import UserError
 from drive.learn import distributed, rng
 from drive.learn.batches import epoch_generator, fit_target_stats, iterate_batches, n_batches, predict_dataset
+from drive.options import MAX_WORKERS
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
+    LABEL: ClassVar[str] = "trainer"  # errors name fields as `--set trainer.KEY` does
+
     epochs: int = 20
     """maximum number of epochs"""
     batch_size: int = 128
@@ -74,6 +78,14 @@ class TrainerConfig:
     """show a progress bar"""
     tensorboard: bool = True
     """write TensorBoard scalars to run_dir/tb"""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "epochs", "batch_size")
+        positive(self, "lr")
+        at_least(self, 0, "weight_decay", "grad_clip", "patience", "seed", "val_samples")
+        in_range(self, "num_workers", 0, MAX_WORKERS)
+        one_of(self, "schedule", ("cosine", "constant"))
+        one_of(self, "select", SELECT)
 
 
 @dataclass(frozen=True)
@@ -140,7 +152,8 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
 
 def _start(run_dir: Path, model, train, cfg: TrainerConfig, info: CheckpointInfo) -> _State:
     if (run_dir / "resume.pt").exists():
-        raise UserError(f"{run_dir} already holds a run: pass --resume to continue it, or another --out")
+        raise UserError(f"{run_dir} already holds a run: continue it with --resume (`drive train` does when its "
+                        "command is rerun), or use another --out")  # fmt: skip
     rng.seed_everything(cfg.seed + distributed.seed_offset())
     loc, scale = fit_target_stats(train)
     model.set_target_stats(loc, scale)

@@ -1,8 +1,8 @@
 """Track seeds on the command line: one grammar for every command (`--seeds 0-59`, `1000,1003`, `0-4,10,20-22`).
 
-`parse_seeds` reads it (order kept; ranges inclusive; a repeated seed, a backwards range, anything but digits, or
-more than MAX_SEEDS seeds is an error naming the offending part); `format_seeds` writes a sorted list back in the
-same grammar ([0, 1, 2, 5, 7, 8] -> "0-2,5,7-8").
+`parse_seeds` reads it (order kept; ranges inclusive; an empty item, a repeated seed, a backwards range, anything
+but digits (a negative seed), or more than MAX_SEEDS seeds is an error naming the offending part); `format_seeds`
+writes a sorted list back in the same grammar ([0, 1, 2, 5, 7, 8] -> "0-2,5,7-8").
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ _PART = re.compile(r"^(\d+)(?:-(\d+))?$")
 def parse_seeds(spec: str) -> list[int]:
     """'A-B' (inclusive), 'A,B,C', or a mix: '0-4,10,20-22'. Non-negative integers, order kept, no repeats."""
     seeds: list[int] = []
+    if not str(spec).strip():
+        raise UserError(f"seed spec {spec!r} names no seeds")
     for part in str(spec).replace(" ", "").split(","):
         if not part:
-            continue
+            raise UserError(f"bad seed spec {spec!r}: an empty item (two commas, or one at an end)")
         match = _PART.match(part)
         if match is None:
             raise UserError(f"bad seed spec {spec!r} at {part!r}: use 'A-B' (inclusive), 'A,B,C' or a mix of them")

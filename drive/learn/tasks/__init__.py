@@ -39,16 +39,19 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agents.encoders import EncoderConfig
+from datasets.root import portable
+from drive import fields
 from drive.errors import UserError
 from drive.learn.overrides import apply_overrides
+
+if TYPE_CHECKING:  # a type only: `drive train --help` reads this module and must not load torch
+    from agents.encoders import EncoderConfig
 
 # task name -> module path (imported lazily)
 TASKS: dict[str, str] = {
@@ -114,6 +117,8 @@ def resolve(task: str | None, data: str | None) -> tuple[str, Path | None]:
         raise UserError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
     if task and data and task != inferred and any(data.startswith(p) for p in DATA_PREFIXES):
         raise UserError(f"--task {task} conflicts with --data {data!r} (which means task {inferred!r})")
+    if data and not module(name).DATA:
+        raise UserError(f"task {name!r} takes no --data (it makes its own data): drop --data {data}")
     return name, path
 
 
@@ -137,6 +142,7 @@ def load(name: str, opts: Any, data: Path | None, seed: int = 0) -> TaskData:
     built.fingerprint.setdefault("task", name)
     built.fingerprint.setdefault("options", dataclasses.asdict(opts))
     built.fingerprint.setdefault("seed", seed)
+    built.fingerprint.update(portable(built.fingerprint))  # checkpoints name no folder of this machine
     return built
 
 
@@ -154,34 +160,11 @@ def rebuild(fingerprint: dict[str, Any]) -> TaskData:
 
 
 def help_text() -> str:
-    """Every task's options for `drive train --help`: one line per option with its type, default and help."""
-    lines = ["task options (--set task.KEY=VALUE):"]
-    for name in TASKS:
-        try:
-            mod = module(name)
-        except ImportError as exc:  # an optional dependency missing: say so, list the rest
-            lines.append(f"  {name}: unavailable ({exc})")
-            continue
-        lines.append(f"  {name}: {mod.DATA or 'no data'}")
-        hints = typing.get_type_hints(mod.Options)
-        docs = _field_docs(mod.Options)
-        for f in dataclasses.fields(mod.Options):
-            kind = getattr(hints[f.name], "__name__", str(hints[f.name]))
-            lines.append(f"    task.{f.name} ({kind}, default {f.default!r}): {docs.get(f.name, '')}")
+    """Every task's options for `drive train --help`, one line each (`task.KEY=DEFAULT  help`), read from the task
+    modules' source (drive/fields.py) so that printing them loads no task, nor torch."""
+    lines = ["task options (--set task.KEY=VALUE), each task with its defaults:"]
+    for name, path in TASKS.items():
+        data = fields.constant(path, "DATA")
+        lines.append(f"  {name} (--task {name}; --data {data or 'none: it makes its own data'})")
+        lines.extend(fields.help_lines(fields.dataclass_fields(path, "Options"), "task."))
     return "\n".join(lines)
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """Field docstrings (the string literal after each field), read from the class source."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(cls).lstrip())
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for prev, node in zip(body, body[1:], strict=False):
-        if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name):
-            value = node.value if isinstance(node, ast.Expr) else None
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                docs[prev.target.id] = " ".join(value.value.split())
-    return docs

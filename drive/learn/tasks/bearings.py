@@ -52,11 +52,12 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
+from agents.checks import at_least
 from agents.encoders import EncoderConfig
 from datasets.bearings import PAPER_TESTS, TRAIN, FeatureTable, TestBearing, nsac_split, read_feature_csv, staged_files
 from datasets.files import atomic_write
@@ -103,6 +104,8 @@ FIELDS = ("mean", "aleatoric_var", "epistemic_var")
 
 @dataclass(frozen=True)
 class Options:
+    LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
+
     protocol: Literal["time", "no_time"] = "time"
     """inputs: "time" = the paper's 16 (14 vibration features, Time, Temperature); "no_time" = 15, without Time"""
     test_scaling: Literal["train", "per_bearing"] = "train"
@@ -115,6 +118,10 @@ class Options:
     """keep every k-th row of every split (1: all rows; for smoke runs)"""
     eval_samples: int = 0
     """stochastic samples per evaluation prediction (0: the controller's default)"""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "subsample")
+        at_least(self, 0, "eval_samples")
 
 
 def _tensors(x: np.ndarray, y: np.ndarray) -> torch.utils.data.TensorDataset:
@@ -162,8 +169,6 @@ def _test_sets(tables: dict, opts: Options, seed: int) -> tuple[dict[str, TestBe
 
 
 def build(opts: Options, data: Path | None, seed: int) -> TaskData:
-    if opts.subsample < 1 or opts.eval_samples < 0:
-        raise UserError("task 'bearings': subsample must be >= 1 and eval_samples >= 0")
     tables, digests = _read(data, opts.bearings)
     tests, split = _test_sets(tables, opts, seed)
     k, n_fit = opts.subsample, math.floor(len(split.y_train) * (1 - KERAS_VALIDATION))

@@ -37,11 +37,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
+from agents.checks import at_least, in_range
 from agents.encoders import EncoderConfig
 from datasets.demonstrations import Demonstrations
 from datasets.frames import code_frames, fingerprint_coding, input_transform
@@ -58,6 +59,8 @@ TARGETS = ACTION_NAMES
 
 @dataclass(frozen=True)
 class Options:
+    LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
+
     frame_coding: Literal["full", "cropped"] = "full"
     """how frames are coded for the controller (datasets/frames.py); another recorded coding is re-coded from raw"""
     input: Literal["frames", "motion"] = "frames"
@@ -74,6 +77,12 @@ class Options:
     """a separately recorded dataset as the test split (then every episode of --data trains or validates)"""
     include_flagged: bool = False
     """also use episodes flagged below the dataset's min_return"""
+
+    def __post_init__(self) -> None:
+        in_range(self, "val_fraction", 0, 1, high_open=True)
+        in_range(self, "test_fraction", 0, 1, high_open=True)
+        at_least(self, 1, "stride")
+        at_least(self, 0, "max_episodes")
 
 
 class StackDataset(torch.utils.data.Dataset):
@@ -206,8 +215,6 @@ def _task_data(train: StackDataset, val: StackDataset, test: StackDataset, k: in
 def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     if data is None:
         raise UserError("task 'demos' needs --data DIR (a dataset recorded by `drive collect`)")
-    if opts.stride < 1 or opts.max_episodes < 0:
-        raise UserError(f"task.stride must be >= 1 and task.max_episodes >= 0, got {opts.stride}, {opts.max_episodes}")
     demos = Demonstrations(data, include_flagged=opts.include_flagged)
     seeds = demos.seeds[: opts.max_episodes] if opts.max_episodes > 0 else demos.seeds
     test_data = demos

@@ -39,12 +39,13 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
 from agents.base import Prediction
+from agents.checks import at_least
 from agents.encoders import EncoderConfig
 from datasets import forecast as fc
 from datasets.files import atomic_write
@@ -74,6 +75,8 @@ PAPER: dict = {
 
 @dataclass(frozen=True)
 class Options:
+    LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
+
     dataset: str = "ettm1"
     """series: ettm1, jena (2020 file), etth1, etth2, ettm2"""
     protocol: Literal["paper", "authors", "informer"] = "paper"
@@ -88,6 +91,10 @@ class Options:
     """what the controller predicts: the steps minus the last observed target value (residual) or the steps"""
     plot_windows: int = 3
     """test windows drawn with their 50 / 90 % tubes in the run's forecast.png and trajectory.npz (0: none)"""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "lookback", "horizon")
+        at_least(self, 0, "eval_samples", "plot_windows")
 
 
 class Windows(torch.utils.data.Dataset):

@@ -36,11 +36,13 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from agents import timesfm as tfm
+from agents.checks import at_least
 from agents.encoders import EncoderConfig
 from datasets import forecast as fc
 from drive.errors import UserError
@@ -73,6 +75,8 @@ CLAIMS = (
 
 @dataclass(frozen=True)
 class Options:
+    LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
+
     dataset: str = "etth1-96"
     """configuration SERIES-H: etth1, etth2, ettm1, ettm2 x horizon 96 or 192 (e.g. ettm2-192)"""
     protocol: str = "informer"
@@ -95,6 +99,12 @@ class Options:
     """its configuration: 1.0-200m, 2.0-500m, or a JSON file of agents.timesfm.TimesFMConfig fields"""
     timesfm_windows: int = 0
     """test windows for the TimesFM row, evenly spaced (0: all; a 200M model on a CPU is slow)"""
+
+    def __post_init__(self) -> None:
+        at_least(self, 16, "lookback")  # one PatchTST patch
+        at_least(self, 0, "train_stride", "cal_windows", "timesfm_windows")
+        at_least(self, 1, "eval_stride")
+        at_least(self, 2, "n_samples", "sa_passes")
 
 
 class Windows(torch.utils.data.Dataset):
@@ -139,10 +149,8 @@ def _even(n: int, k: int) -> np.ndarray:
 
 def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     series, horizon = parse_dataset(opts.dataset)
-    if opts.protocol not in PROTOCOLS or opts.train_stride < 0 or opts.eval_stride < 1:
-        raise UserError("task 'sa-forecast': protocol 'informer', train_stride >= 0 and eval_stride >= 1")
-    if min(opts.n_samples, opts.sa_passes) < 2:
-        raise UserError("task 'sa-forecast': n_samples and sa_passes must be >= 2")
+    if opts.protocol not in PROTOCOLS:
+        raise UserError(f"task 'sa-forecast': protocol {opts.protocol!r}; the only one is 'informer'")
     try:
         part = fc.split_series(fc.load_series(series, data), opts.protocol, opts.lookback, horizon)
     except (FileNotFoundError, ValueError) as exc:

@@ -50,10 +50,12 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from agents.checks import at_least, label, positive
 from agents.encoders import EncoderConfig
 from datasets import uci
 from drive.errors import UserError
@@ -94,6 +96,8 @@ CLAIMS = (
 
 @dataclass(frozen=True)
 class Options:
+    LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
+
     dataset: str = "concrete"
     """UCI set: concrete, energy, naval, yacht, protein, wine, kin8nm, power"""
     protocol: str = "gal"
@@ -109,6 +113,12 @@ class Options:
     sa_compare: bool = True
     """also run the published BO routine and a nu grid on the calibration part (recorded, not used)"""
 
+    def __post_init__(self) -> None:
+        positive(self, "val_fraction", "cal_fraction")
+        if self.val_fraction + self.cal_fraction >= 0.5:
+            raise ValueError(f"{label(self)}.val_fraction + cal_fraction must be below 0.5")
+        at_least(self, 2, "n_samples", "sa_passes")
+
 
 def n_runs(dataset: str, protocol: str, root: Path | None = None) -> int:
     return uci.n_splits(uci.load_uci(dataset, root), protocol)
@@ -122,10 +132,6 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     if opts.dataset not in DATASETS or opts.protocol not in PROTOCOLS:
         raise UserError(f"task 'sa-uci': dataset must be one of {', '.join(DATASETS)} and protocol 'gal', got "
                         f"{opts.dataset!r} / {opts.protocol!r}")  # fmt: skip
-    if min(opts.val_fraction, opts.cal_fraction) <= 0 or opts.val_fraction + opts.cal_fraction >= 0.5:
-        raise UserError("task 'sa-uci': val_fraction and cal_fraction must be > 0 with a sum below 0.5")
-    if opts.n_samples < 2 or opts.sa_passes < 2:
-        raise UserError("task 'sa-uci': n_samples and sa_passes must be >= 2")
     try:
         table = uci.load_uci(opts.dataset, data)
         count = uci.n_splits(table, opts.protocol)

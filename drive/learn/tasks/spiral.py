@@ -38,15 +38,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
+from agents.checks import at_least
 from agents.encoders import EncoderConfig
 from datasets.spiral import SpiralRecipe, fourier_features, generate, irregular_indices
 from drive import metrics
-from drive.errors import UserError
 from drive.learn.tasks import TaskData
 
 DATA = ""  # generated from the recipe: no --data
@@ -70,6 +70,8 @@ PAPER: dict = {
 
 @dataclass(frozen=True)
 class Options:
+    LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
+
     n_freqs: int = 6
     """Fourier frequencies of the time encoding (1 + 2 n_freqs tokens)"""
     n_obs: int = 50
@@ -84,6 +86,10 @@ class Options:
     """stochastic samples per evaluation prediction (0: the controller's default)"""
     ood_std: float = 0.5
     """std of the feature noise of the OOD-detection inputs"""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "n_freqs", "n_obs")
+        at_least(self, 0, "noise_std", "ood_std", "data_seed", "eval_samples")
 
 
 class IrregularSpirals:
@@ -110,8 +116,6 @@ class IrregularSpirals:
 
 
 def build(opts: Options, data: Path | None, seed: int) -> TaskData:
-    if opts.n_freqs < 1 or opts.n_obs < 1 or opts.noise_std < 0 or opts.ood_std < 0:
-        raise UserError("task 'spiral': n_freqs and n_obs must be >= 1, noise_std and ood_std >= 0")
     recipe = SpiralRecipe(n_obs=opts.n_obs, noise_std=opts.noise_std, seed=opts.data_seed)
     gen = generate(recipe)
     features = fourier_features(gen.t, float(gen.t[-1]), opts.n_freqs)  # (steps, F)

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
+from agents.checks import at_least, label
 from agents.encoders import EncoderConfig
 from datasets import uci
 from drive import metrics
@@ -82,6 +83,8 @@ PAPER["nsac"].update({f"{name}/authors (y / max y)": rows for name, rows in list
 
 @dataclass(frozen=True)
 class Options:
+    LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
+
     dataset: str = "boston"
     """UCI set: boston, concrete, energy, kin8nm, naval, power, protein, wine, yacht"""
     protocol: Literal["gal", "nsac"] = "gal"
@@ -90,6 +93,13 @@ class Options:
     """share of the training rows held out for early stopping (< 0: the protocol's, gal 0.2, nsac 0.1)"""
     eval_samples: int = 0
     """stochastic samples per test prediction (0: the controller's default)"""
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "eval_samples")
+        if self.val_fraction >= 0 and not 0 < self.val_fraction < 1:  # < 0: the protocol's share
+            raise ValueError(
+                f"{label(self)}.val_fraction={self.val_fraction} must be in (0, 1), or < 0 (the protocol's)"
+            )
 
 
 def n_runs(dataset: str, protocol: str, root: Path | None = None) -> int:

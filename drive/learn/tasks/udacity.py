@@ -42,12 +42,13 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from agents.checks import at_least, in_range, positive
 from agents.encoders import EncoderConfig
 from datasets.udacity import UdacityLog, decode_frame, preprocess, read_log
 from datasets.udacity_augment import AugmentConfig, augment
@@ -66,6 +67,8 @@ SMOKE_OPTIONS = {"max_rows": "200", "gap_s": "0.3"}
 
 @dataclass(frozen=True)
 class Options:
+    LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
+
     split: Literal["blocks", "random"] = "blocks"
     """blocks: contiguous time blocks held out (no leak); random: the NSAC paper's random frame split (leaks)"""
     n_blocks: int = 10
@@ -98,6 +101,15 @@ class Options:
     """stochastic samples per evaluation prediction (0: the controller's default)"""
     frames: int = 1
     """camera frames per input, the current one last (2: the previous frame too; see datasets/udacity_history.py)"""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "n_blocks")
+        at_least(self, 0, "gap_s", "smooth_s", "max_rows", "eval_samples")
+        positive(self, "max_gap_s")
+        in_range(self, "random_test", 0, 1, high_open=True)
+        in_range(self, "random_val", 0, 1, high_open=True)
+        in_range(self, "p_augment", 0, 1)
+        in_range(self, "frames", 1, 8)
 
 
 class Recording(NamedTuple):
@@ -201,9 +213,6 @@ def _read(opts: Options, path: Path) -> Recording:
 def _check(opts: Options, data: Path | None) -> list[Path]:
     if data is None:
         raise UserError("task 'udacity' needs --data udacity:DIR[,DIR...] (driving_log.csv and its IMG/ folder)")
-    if not 0.0 <= opts.p_augment <= 1.0 or opts.smooth_s < 0 or opts.gap_s < 0 or not 1 <= opts.frames <= 8:
-        raise UserError(f"task 'udacity': need p_augment in [0, 1], smooth_s >= 0, gap_s >= 0, frames in 1..8; got "
-                        f"{opts.p_augment}, {opts.smooth_s}, {opts.gap_s}, {opts.frames}")  # fmt: skip
     paths = data_paths(data)
     missing = [str(p) for p in paths if not p.exists()]
     if missing:

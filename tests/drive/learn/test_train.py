@@ -95,8 +95,8 @@ def test_task_options_are_typed_and_named():
         tasks.options("spiral", {"train_region": "outer"})
     text = tasks.help_text()
     for name in tasks.TASKS:
-        assert f"  {name}:" in text
-    assert "task.stride (int, default 1): use every stride-th step" in text
+        assert f"  {name} (--task {name}; --data " in text
+    assert "    task.stride=1  " in text and "use every stride-th step" in text
 
 
 def test_spiral_task_builds_irregular_epochs():
@@ -171,8 +171,9 @@ def test_select_val_mse_keeps_the_epoch_of_the_lowest_validation_mse(tmp_path, m
     assert by_mse.best_val_nll == by_mse.history[by_mse.best_epoch - 1]["val_nll"]
     payload = checkpoint.read(by_mse.best_path, kind="controller")
     assert payload["metrics"]["epoch"] == by_mse.best_epoch and payload["metrics"]["val_mse"] == min(mse)
-    with pytest.raises(UserError, match="trainer.select must be one of val_nll, val_mse"):
-        _fit(tmp_path / "bad", epochs=1, select="val_crps")
+    with pytest.raises(ValueError, match="trainer.select='val_crps' must be one of val_nll, val_mse"):
+        _fit(tmp_path / "bad", epochs=1, select="val_crps")  # refused by the config itself, before any fitting
+    assert not (tmp_path / "bad").exists()
 
 
 def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
@@ -255,7 +256,7 @@ def test_resume_refuses_other_settings_and_records_accepted_changes(tmp_path, ca
     other = [a.replace("task.n_obs=5", "task.n_obs=7") for a in base]
     assert main([*other, "--resume", "--epochs", "2"]) == 2
     err = capsys.readouterr().err
-    assert "--resume with other settings than the run (data.options.n_obs" in err and "Traceback" not in err
+    assert "holds a run with other settings than this command (data.options.n_obs" in err and "Traceback" not in err
     assert (run / "best.pt").read_bytes() == best  # nothing trained, nothing overwritten
     assert main([*other, "--resume", "--epochs", "2", "--resume-with-changes"]) == 0
     config = json.loads((run / "config.json").read_text())
