@@ -2,7 +2,10 @@
 dataclass whose field docstrings are the help text) and `run(cfg) -> int`, parsed by tyro.
 
 Modules are imported only when their command runs, so `drive --help` is fast and a broken optional dependency
-cannot take the whole CLI down. `main(argv)` is callable in-process for tests.
+cannot take the whole CLI down. A command module keeps its `Config` on light imports and imports its engine (torch,
+gymnasium, matplotlib, Ray, the controllers) at the top of `run`, so `drive COMMAND --help` loads none of them either
+(tests/drive/commands/test_help.py). An optional `epilog()` is printed after the options by `--help`. `main(argv)` is
+callable in-process for tests.
 
 Errors: anything foreseeable (`drive.errors.USER_ERRORS`: bad option values, missing or wrong files, a port that
 cannot be bound) and every option the parser rejects end in one line, `drive COMMAND: error: ...`, exit code 2;
@@ -119,13 +122,16 @@ def _parse(module: Any, rest: list[str], prog: str, help_: str) -> Any:
     import tyro
     from tyro import _errors as te
 
-    description = help_ + ("\n\n" + module.epilog() if hasattr(module, "epilog") else "")
-
     def hook(event: Any) -> None:
         raise _ParseError(_parse_error_message(event))
 
-    with te.on_parse_error(hook):
-        return tyro.cli(module.Config, args=rest, prog=prog, description=description)
+    try:
+        with te.on_parse_error(hook):
+            return tyro.cli(module.Config, args=rest, prog=prog, description=help_)
+    except SystemExit as exc:  # --help: the command's options first, then what its epilog() adds (train: --set keys)
+        if exc.code in (0, None) and hasattr(module, "epilog") and any(a in ("-h", "--help") for a in rest):
+            print("\n" + module.epilog())
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

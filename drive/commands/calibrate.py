@@ -18,9 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from drive.errors import UserError
-from drive.loop.calibrate import store_temperature
 from drive.loop.seeds import parse_seeds
-from drive.loop.specs import default_shadow
 from drive.options import FloatRange, PositiveInt
 
 
@@ -45,6 +43,9 @@ class Config:
 
 
 def run(cfg: Config) -> int:
+    from drive.loop.calibrate import store_temperature  # torch and the simulator: not for `--help`
+    from drive.loop.specs import default_shadow
+
     shadow = default_shadow(cfg.shadow, "carracing", cfg.ckpt)
     if shadow is None:
         raise UserError("--shadow: calibration fits intervals to a shadow expert's actions: name one (ppo, pursuit)")

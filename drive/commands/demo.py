@@ -19,32 +19,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from datasets.demonstrations import DemonstrationError, Demonstrations
-from drive import checkpoint
 from drive.errors import UserError
-from drive.loop.collect import CollectOptions, collect
-from drive.loop.evaluate import EvalOptions, describe, evaluate
-from drive.loop.specs import SHIPPED_CONTROLLER
-from drive.observe.demonstrations import recorder_for
-from drive.observe.replay import replay
-from drive.observe.trace_recorder import trace_observer
-from drive.observe.video import VideoWriter, put_lines, upscale
-from drive.options import IntRange, NonNegativeInt, PositiveInt
+from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
+from drive.options import IntRange, NonNegativeInt, PositiveInt, Workers
 
 log = logging.getLogger(__name__)
+
+PLOTS = {"map": "the track coloured by phi, kappa, psi, logits, epistemic variance",
+         "timeseries": "steering +-2 sigma, epistemic variance and gates over time"}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Config:
     out: Path = Path("out/demo")
-    """output directory: demonstrations/ (the dataset) and expert.mp4"""
+    """output directory: demonstrations/ (the dataset), expert.mp4, trace/ (the controller's trace and plots) and
+    controller.mp4"""
     expert: str = "ppo"
     """expert that drives: ppo (shipped), pursuit, or a path to an expert checkpoint"""
     episodes: PositiveInt = 2
     """number of demonstrations to record"""
     seeds: str | None = None
     """track seeds of the demonstrations ('A-B' inclusive or 'A,B,C'; default 0..episodes-1)"""
-    workers: PositiveInt = min(2, os.cpu_count() or 1)
+    workers: Workers = min(2, os.cpu_count() or 1)
     """parallel worker processes for the recording"""
     video_steps: PositiveInt = 600
     """length of the video in steps (50 steps per second of driving)"""
@@ -66,6 +62,9 @@ class Config:
 
 def render_video(episode, path: Path, n_steps: int, scale: int, title: str) -> int:
     """Write the episode's raw frames (upscaled, with speed and action overlaid) to `path`; returns frames written."""
+    from datasets.demonstrations import DemonstrationError
+    from drive.observe.video import VideoWriter, put_lines, upscale
+
     if episode.raw is None:
         raise DemonstrationError(f"{episode.meta['file']}: recorded without raw frames (collect with --keep-raw)")
     n = min(n_steps, len(episode))
@@ -86,51 +85,81 @@ def render_video(episode, path: Path, n_steps: int, scale: int, title: str) -> i
 
 
 def run(cfg: Config) -> int:
+    # the engine, imported when the command runs: `drive demo --help` must not load torch or the simulator
+    from datasets.demonstrations import Demonstrations
+    from drive import checkpoint
+    from drive.loop.collect import collect
+    from drive.observe.demonstrations import recorder_for
+
     if cfg.episodes < 1:
         raise UserError(f"--episodes must be >= 1, got {cfg.episodes}")
     if cfg.controller is not None:  # a bad checkpoint fails before anything is recorded
         checkpoint.read(cfg.controller, kind="controller")
+    n_steps = 1 if cfg.controller is None else 2
+    print(f"drive demo: {n_steps} step(s), every output goes into {cfg.out}/")
     data_dir = cfg.out / "demonstrations"
     options = CollectOptions(out=data_dir, expert=cfg.expert, episodes=cfg.episodes, seeds=cfg.seeds,
                              workers=cfg.workers, keep_raw=True, max_episode_steps=cfg.max_episode_steps, env=cfg.env,
                              progress=cfg.progress)  # fmt: skip
-    print(f"recording {cfg.episodes} demonstration(s) of the {cfg.expert} expert on {cfg.env} into {data_dir}")
+    print(f"step 1/{n_steps}: the {cfg.expert} expert drives {cfg.episodes} track(s) of {cfg.env} (it sees the "
+          "privileged state); its demonstrations are recorded")  # fmt: skip
     summary = collect(options, recorder_for)
     dataset = Demonstrations(data_dir, include_flagged=True)
     episode = dataset.load(summary.seeds[0])
     for record in dataset.episodes:
         if int(record["seed"]) in summary.seeds:
-            flag = " (flagged: below min_return)" if record["flagged"] else ""
-            print(f"  seed {record['seed']}: return {record['return']:.1f}, completion {record['completion']:.3f}, "
+            flag = " (flagged: below min_return, left out when training)" if record["flagged"] else ""
+            print(f"  track {record['seed']}: return {record['return']:.1f}, {record['completion']:.0%} of the lap, "
                   f"{record['steps']} steps{flag}")  # fmt: skip
     video_path = cfg.out / "expert.mp4"
     n = render_video(episode, video_path, cfg.video_steps, cfg.scale, f"{cfg.expert} expert, track {episode.seed}")
-    done = f"{summary.frames} new frames, {summary.fps:.0f} frames/s" if summary.new else "already recorded, resumed"
-    print(f"demonstrations: {data_dir} ({done})")
-    print(f"video: {video_path} ({n} frames, {n / 50:.1f} s of the expert on track {episode.seed})")
+    done = f"{summary.frames} frames recorded" if summary.new else "already recorded, kept"
+    print(f"  dataset: {data_dir} ({done}; `drive data info` describes it)")
+    print(f"  video:   {video_path} ({n / 50:.1f} s of the expert on track {episode.seed})")
     if cfg.controller is None:
-        print(f"next: drive data info {data_dir}")
         return 0
     return drive_controller(cfg)
 
 
+def _as_typed(path: Path) -> Path:
+    """The path relative to the working directory when inside it (the shipped default is absolute), else as is."""
+    try:
+        return path.relative_to(Path.cwd()) if path.is_absolute() else path
+    except ValueError:
+        return path
+
+
 def drive_controller(cfg: Config) -> int:
     """Part 2: the trained controller on an unseen track, traced, plotted and replayed with the overlay."""
+    from drive.loop.evaluate import evaluate
+    from drive.observe.replay import replay
+    from drive.observe.trace_recorder import trace_observer
+
     trace_dir = cfg.out / "trace"
+    # failure_horizon=0: failure prediction scores a signal against off-track / spin / stall events over many laps
+    # (and first runs 5 nominal laps for its thresholds); on the demo's one lap it has nothing to score
     options = EvalOptions(policy=f"ckpt:{cfg.controller}", seeds=str(cfg.track), env=cfg.env, progress=cfg.progress,
-                          max_episode_steps=cfg.controller_steps or cfg.max_episode_steps)  # fmt: skip
-    print(f"controller {cfg.controller} drives unseen track {cfg.track} (shadow expert, recorder on)")
+                          max_episode_steps=cfg.controller_steps or cfg.max_episode_steps,
+                          failure_horizon=0)  # fmt: skip
+    name = _as_typed(cfg.controller)
+    print(
+        f"step 2/2: the trained controller {name} drives track {cfg.track}, unseen in training, from pixels\n"
+        "          (the expert rides along in shadow mode; the recorder keeps what the model computes each step)"
+    )
     results = evaluate(options, functools.partial(trace_observer, trace_dir))
     episode = results["episodes"][0]
-    lap = "lap finished" if episode["lap_finished"] else f"completion {episode['completion']:.3f}"
+    lap = "lap finished" if episode["lap_finished"] else f"{episode['completion']:.0%} of the lap driven"
     print(f"  return {episode['return']:.1f}, {lap}, {episode['steps']} steps, "
-          f"{episode['off_track_events']} off-track events")  # fmt: skip
-    print("  " + describe(results).replace("\n", "\n  "))
+          f"{episode['off_track_events']} time(s) off the track")  # fmt: skip
+    if "coverage90_steer" in results:
+        print(f"  the expert's steering lay inside the controller's 90 % interval on {results['coverage90_steer']:.0%}"
+              " of the steps")  # fmt: skip
     trace = trace_dir / f"trace_seed{cfg.track:06d}.parquet"
-    plots = sorted(trace_dir.glob(f"{trace.stem}_*.png"))  # drawn by the recorder when the episode ended
+    print(f"  trace:   {trace} (each step: actions, uncertainties, kappa, phi, psi per head)")
+    for plot in sorted(trace_dir.glob(f"{trace.stem}_*.png")):  # drawn by the recorder when the episode ended
+        print(f"  plot:    {plot} ({PLOTS.get(plot.stem.rsplit('_', 1)[1], 'plot')})")
     video_path = cfg.out / "controller.mp4"
     n = replay(trace, video_path, every=2)
-    print(f"trace: {trace} (+ {len(plots)} plots in {trace_dir})")
-    print(f"video: {video_path} ({n} frames at 50 fps, every 2nd step, with the uncertainty overlay)")
-    print(f"next: drive eval --policy ckpt:{cfg.controller} --seeds 1000-1019   |   drive drive")
+    print(f"  video:   {video_path} ({n / 50:.1f} s: the drive at double speed, uncertainty overlaid)")
+    print(f"next: drive eval --policy ckpt:{name} --seeds 1000-1019   |   drive drive")
     return 0

@@ -10,13 +10,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from drive.errors import UserError
-from drive.loop.envs import make_env
-from drive.loop.rollout import rollout
+from drive.loop.options import SHIPPED_CONTROLLER
 from drive.loop.seeds import parse_seeds
-from drive.loop.specs import SHIPPED_CONTROLLER, controller_policy, default_shadow
-from drive.loop.thresholds import fallback_for_command
-from drive.observe.trace_recorder import TraceRecorder
-from drive.observe.window import StopDriving, Window, is_headless
 from drive.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 
@@ -54,6 +49,14 @@ class Config:
 
 
 def run(cfg: Config) -> int:
+    # the engine, imported when the command runs: `drive drive --help` must not load torch or the simulator
+    from drive.loop.envs import make_env
+    from drive.loop.rollout import rollout
+    from drive.loop.specs import controller_policy, default_shadow
+    from drive.loop.thresholds import fallback_for_command
+    from drive.observe.trace_recorder import TraceRecorder
+    from drive.observe.window import StopDriving, Window, is_headless
+
     kind, _, path = cfg.policy.partition(":")
     if kind != "ckpt" or not path:
         raise UserError(f"--policy must be ckpt:PATH, got {cfg.policy!r}")

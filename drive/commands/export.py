@@ -16,18 +16,14 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-
-from agents.encoders import EncoderConfig
-from agents.registry import CONTROLLERS
 from datasets.files import atomic_write
-from drive import checkpoint
 from drive.errors import UserError
-from drive.learn import export
-from drive.learn.minari_export import export_minari
 from drive.options import NonNegativeInt
+
+if TYPE_CHECKING:  # the exporters and controllers load torch: each function below imports what it runs
+    from drive.learn import export
 
 
 @dataclass(frozen=True)
@@ -49,6 +45,11 @@ class Config:
 
 
 def run(cfg: Config) -> int:
+    from agents.encoders import EncoderConfig
+    from drive import checkpoint
+    from drive.learn import export
+    from drive.learn.minari_export import export_minari
+
     if cfg.table:
         return _table(cfg.out)
     if cfg.out is None:
@@ -79,6 +80,11 @@ def _verdict(c: export.Check) -> str:
 
 
 def _small(name: str):
+    import torch
+
+    from agents.encoders import EncoderConfig
+    from agents.registry import CONTROLLERS
+
     encoder = EncoderConfig(kind="features", in_dim=3, d_model=16)
     if name == "patchtst":
         encoder = EncoderConfig(kind="patches", in_dim=1, n_tokens=32, d_model=16)
@@ -89,6 +95,8 @@ def _small(name: str):
 
 
 def _cell(model, encoder, fmt: str, pass_: str, where: Path) -> dict:
+    from drive.learn import export
+
     path = where / f"model.{fmt}"
     try:
         how = export.export(model, encoder, fmt, path, pass_, 16)
@@ -99,6 +107,9 @@ def _cell(model, encoder, fmt: str, pass_: str, where: Path) -> dict:
 
 
 def _table(out: Path | None) -> int:
+    from agents.registry import CONTROLLERS
+    from drive.learn import export
+
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in CONTROLLERS:

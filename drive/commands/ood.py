@@ -16,19 +16,16 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from datasets.files import atomic_write
-from datasets.frames import ObservationCoder, code_frames
-from datasets.perturb import WORLD_KINDS, FramePerturber, parse_perturbations
-from drive import checkpoint
 from drive.errors import UserError
-from drive.learn.ood import auroc_report, code_stacks, test_episodes, uncertainty_scores
-from drive.loop.perturb import replay_frames
-from drive.observe.uq_plots import plot_ood_scores
 from drive.options import NonNegativeInt, PositiveInt
+
+if TYPE_CHECKING:  # torch and the simulator: each function below imports what it runs, not `drive ood --help`
+    from datasets.frames import ObservationCoder
 
 
 @dataclass(frozen=True)
@@ -53,6 +50,9 @@ class Config:
 
 
 def _raw(ep, max_steps: int) -> np.ndarray:
+    from datasets.frames import code_frames
+    from drive.loop.perturb import replay_frames
+
     if ep.raw is not None:
         return ep.raw[:max_steps]
     raw = replay_frames(ep.action[:max_steps], ep.seed)
@@ -66,6 +66,13 @@ def _raw(ep, max_steps: int) -> np.ndarray:
 
 def _inputs(cfg: Config, perturbations, coders: dict[tuple, ObservationCoder]):
     """{coder key: {'clean' | str(p): (N, k, 84, 84)}} over the test episodes of the first checkpoint's data."""
+    import torch
+
+    from datasets.perturb import WORLD_KINDS, FramePerturber
+    from drive import checkpoint
+    from drive.learn.ood import code_stacks, test_episodes
+    from drive.loop.perturb import replay_frames
+
     fingerprint = checkpoint.read(cfg.ckpt[0], kind="controller").get("data", {})
     stacks: dict[tuple, dict[str, list[torch.Tensor]]] = {key: {} for key in coders}
     for ep in test_episodes(fingerprint, cfg.max_episodes):
@@ -87,6 +94,14 @@ def _inputs(cfg: Config, perturbations, coders: dict[tuple, ObservationCoder]):
 
 
 def run(cfg: Config) -> int:
+    import torch
+
+    from datasets.frames import ObservationCoder
+    from datasets.perturb import parse_perturbations
+    from drive import checkpoint
+    from drive.learn.ood import auroc_report, uncertainty_scores
+    from drive.observe.uq_plots import plot_ood_scores
+
     torch.set_num_threads(cfg.threads)
     if not cfg.ckpt:
         raise UserError("give at least one --ckpt")

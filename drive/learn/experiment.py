@@ -5,7 +5,9 @@ the task's encoder and output width, then the task's suggested defaults, then `-
 (drive/learn/trainer.py); reloads the best checkpoint from disk (so what is evaluated is what was saved); writes
 the validation report and the task's held-out evaluation to RUN/metrics.json, the test split's predictive to
 RUN/predictions.npz (mean, aleatoric_var, epistemic_var, y; (N, D) each) and the task's plots beside them.
-`drive train` and `drive bench offline` run it.
+A resumed request (`resume`, which `drive train` sets when --out already holds a run) continues the run where its
+last finished epoch left off, is refused when its settings differ from the run's (`check_resume`), and returns the
+run's metrics.json untouched when nothing is left to do. `drive train` and `drive bench offline` run it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from agents.registry import CONTROLLERS, config_to_dict
 from datasets.files import atomic_write
+from datasets.root import portable_command
 from drive import checkpoint, metrics
 from drive.errors import UserError
 from drive.learn import tasks
@@ -96,13 +99,9 @@ def _diff(old: Any, new: Any, where: str) -> list[str]:
     return [] if json.dumps(old, default=str) == json.dumps(new, default=str) else [where.lstrip(".")]
 
 
-def check_resume(req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_cfg: TrainerConfig) -> list[str]:
-    """The fields in which a resumed command differs from the run it resumes (config.json): data, task options,
-    controller, trainer. Refused (a UserError naming them) unless --resume-with-changes, which records them."""
-    path = Path(req.out) / "config.json"
-    if not req.resume or not path.is_file():
-        return []
-    stored = json.loads(path.read_text())
+def resume_changes(req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_cfg: TrainerConfig,
+                   stored: dict[str, Any]) -> list[str]:  # fmt: skip
+    """The fields in which a request differs from the run whose config.json is `stored` (nothing written)."""
     trainer_now = {k: v for k, v in dataclasses.asdict(train_cfg).items() if k not in FREE_ON_RESUME}
     trainer_then = {k: v for k, v in stored.get("trainer", {}).items() if k not in FREE_ON_RESUME}
     changed = (_diff(stored.get("controller"), req.controller, "controller")
@@ -111,15 +110,30 @@ def check_resume(req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_
                + _diff(trainer_then, json.loads(json.dumps(trainer_now, default=str)), "trainer"))  # fmt: skip
     if stored.get("trainer", {}).get("epochs", 0) > train_cfg.epochs:
         changed.append("trainer.epochs (fewer than the run already planned)")
+    return changed
+
+
+def check_resume(req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_cfg: TrainerConfig) -> list[str]:
+    """The fields in which a resumed command (`drive train` resumes the run its --out holds) differs from that run
+    (config.json): data, task options, controller, trainer. Refused (a UserError naming them) unless
+    --resume-with-changes, which records them."""
+    path = Path(req.out) / "config.json"
+    if not req.resume or not path.is_file():
+        return []
+    stored = json.loads(path.read_text())
+    changed = resume_changes(req, data, model_cfg, train_cfg, stored)
     if changed and not req.resume_with_changes:
         shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-        raise UserError(f"{req.out}: --resume with other settings than the run ({shown}); rerun the original command, "
-                        "or pass --resume-with-changes to continue with these changes recorded")  # fmt: skip
+        raise UserError(f"{req.out} holds a run with other settings than this command ({shown}): rerun the run's "
+                        "own command to continue it, pass --resume-with-changes to continue it with these changes "
+                        "recorded, or choose another --out")  # fmt: skip
     grew = train_cfg.epochs > stored.get("trainer", {}).get("epochs", train_cfg.epochs)
     if grew:  # the schedule is planned over the new total from here on (drive/learn/trainer.py)
         stored.setdefault("trainer", {})["epochs"] = train_cfg.epochs
     if changed:
-        stored.setdefault("resumed_with_changes", []).append({"command": req.command, "changed": changed})
+        stored.setdefault("resumed_with_changes", []).append(
+            {"command": portable_command(req.command), "changed": changed}
+        )
     if changed or grew:
         atomic_write(path, json.dumps(stored, indent=2, default=str).encode())
     return changed
@@ -129,19 +143,49 @@ def train_and_evaluate(req: TrainRequest) -> dict[str, Any]:
     """Train, reload the best checkpoint, evaluate; returns (and writes) metrics.json's dict."""
     data, model_cfg, train_cfg = prepare(req)
     changes = check_resume(req, data, model_cfg, train_cfg)
+    done = None if changes else completed(req, train_cfg)
+    if done is not None:
+        early = ", stopped early" if done["fit"]["stopped_early"] else ""
+        print(f"{req.out}: the run is complete ({done['fit']['epochs_run']} epochs{early}); nothing to train")
+        return done
     torch.manual_seed(req.seed)
     model = model_cfg.build()
     info = CheckpointInfo(name=req.controller, config=config_to_dict(model_cfg), data=dict(data.fingerprint),
                           target_names=tuple(data.target_names),
-                          extra={"command": req.command, "task": data.name, "seed": req.seed, **req.extra,
-                                 **({"resumed_with_changes": changes} if changes else {})})  # fmt: skip
+                          extra={"command": portable_command(req.command), "task": data.name, "seed": req.seed,
+                                 **req.extra, **({"resumed_with_changes": changes} if changes else {})})  # fmt: skip
     n_params = sum(p.numel() for p in model.parameters())
     print(f"training {req.controller} ({n_params:,} parameters) on task {data.name} -> {req.out}")
     t0 = time.perf_counter()
     result = fit(model, data.train, data.val, train_cfg, req.out, info)
     report = evaluate_run(result, data, train_cfg, req, time.perf_counter() - t0, n_params)
     atomic_write(Path(req.out) / "metrics.json", json.dumps(report, indent=2).encode())
+    print(f"wrote {Path(req.out) / 'metrics.json'}")
     return report
+
+
+def completed(req: TrainRequest, train_cfg: TrainerConfig) -> dict[str, Any] | None:
+    """metrics.json of the run a resumed request continues when it has nothing left to do: evaluated after its last
+    epoch (or its early stop); None while epochs remain (an interrupted run, or --epochs raised) or none is there."""
+    path = Path(req.out) / "metrics.json"
+    if not req.resume or not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    fit_report = report.get("fit", {})
+    return report if fit_report.get("stopped_early") or fit_report.get("epochs_run", 0) >= train_cfg.epochs else None
+
+
+def follow(req: TrainRequest) -> None:
+    """A rank other than 0 under torchrun: the same data and model, trained on its part of each batch (the trainer
+    keeps it in step with rank 0, which checks, writes and evaluates everything)."""
+    data, model_cfg, train_cfg = prepare(req)
+    config = Path(req.out) / "config.json"
+    same = not req.resume or not config.is_file() or not resume_changes(req, data, model_cfg, train_cfg,
+                                                                        json.loads(config.read_text()))  # fmt: skip
+    if same and completed(req, train_cfg) is not None:  # rank 0 trains nothing either
+        return
+    torch.manual_seed(req.seed)
+    fit(model_cfg.build(), data.train, data.val, train_cfg, req.out, CheckpointInfo(req.controller, {}))
 
 
 def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConfig, req: TrainRequest,

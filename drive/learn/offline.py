@@ -45,6 +45,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agents.registry import CONTROLLERS as REGISTRY
+from datasets.root import portable_command
 from drive.errors import UserError
 from drive.learn import tasks
 from drive.learn.experiment import TrainRequest, train_and_evaluate
@@ -171,7 +172,7 @@ def cell_state(cell: Cell) -> str:
     config = cell.run_dir / "config.json"
     if config.is_file():
         recorded = json.loads(config.read_text()).get("command")
-        if recorded is not None and recorded != cell.command:
+        if recorded is not None and portable_command(recorded) != portable_command(cell.command):
             raise UserError(f"{cell.run_dir} holds a run of another command ({recorded!r}); use another --out")
     if (cell.run_dir / "metrics.json").is_file():
         return "done"

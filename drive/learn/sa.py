@@ -25,7 +25,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from drive.checkpoint import load_controller
 from drive.errors import UserError
 from drive.learn import tasks
 from drive.learn.batches import predict_dataset, take
-from drive.options import IntRange, NonNegativeInt, PositiveInt
+from drive.learn.options import SAOptions
 
 log = logging.getLogger(__name__)
 
@@ -160,22 +159,6 @@ def _progress_over_evaluations(show: bool, total: int) -> Iterator[None]:
             sa_log.removeHandler(handler)
             sa_log.setLevel(level)
             sa_log.propagate = propagate
-
-
-@dataclass(frozen=True)
-class SAOptions:
-    ckpt: Path
-    """controller checkpoint (`drive train` on any task; the controller must have attention SA can reach)"""
-    frames: NonNegativeInt = 1024
-    """calibration inputs: the validation split subsampled evenly to this many (0 = all)"""
-    passes: IntRange(2) = 8
-    """stochastic SA passes M per evaluation of nu, and for the test predictive with SA"""
-    seed: NonNegativeInt = 0
-    """seed of the SA resampling (common random numbers) and of the Thompson draws"""
-    batch_size: PositiveInt = 512
-    """inputs per encoder batch and per SA forward chunk (bounds memory)"""
-    progress: bool = True
-    """show a progress bar over the Bayesian-optimisation evaluations"""
 
 
 def calibrate(opts: SAOptions) -> dict:

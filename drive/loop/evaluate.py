@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -27,6 +26,7 @@ from drive.errors import UserError
 from drive.loop.envs import make_env
 from drive.loop.failures import FailureMonitor, failure_report, nominal_thresholds, split_traces
 from drive.loop.fallback import FallbackConfig
+from drive.loop.options import EvalOptions
 from drive.loop.perturb import perturbed_env
 from drive.loop.policies import aggregate
 from drive.loop.pool import Ticker, run_tasks
@@ -34,47 +34,9 @@ from drive.loop.rollout import Observer, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import default_shadow, make_policy, parse_policy_spec
 from drive.loop.thresholds import fallback_for_command
-from drive.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 from sim_bridges.carracing import IDX
 
 ObserverFactory = Callable[[gym.Env, str], Observer]
-
-
-@dataclass(frozen=True)
-class EvalOptions:
-    policy: str = "expert:ppo"
-    """policy spec: expert:ppo, expert:pursuit, expert:PATH (expert checkpoint), ckpt:PATH (trained controller)"""
-    seeds: str = "1000-1019"
-    """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix"""
-    workers: PositiveInt = 1
-    """parallel worker processes, one episode per task; with --ray: episodes in flight"""
-    ray: str | None = None
-    """run the episodes as Ray tasks: local (a Ray instance here, --workers CPUs), auto (the `ray start` cluster of
-    this node) or HOST:PORT"""
-    max_episode_steps: PositiveInt = 1000
-    """step limit per episode (CarRacing-v3's is 1000)"""
-    env: str = "carracing"
-    """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
-    progress: bool = True
-    """show a progress bar"""
-    samples: PositiveInt | None = None
-    """ckpt: stochastic samples per step (default: the controller's own, 32 for NSAC)"""
-    shadow: str | None = None
-    """ckpt: shadow expert on the controller's states (default: the expert that labelled its data; none: off)"""
-    fallback: str = "off"
-    """ckpt: uncertainty-gated fallback (off, expert, slow; MODE:KEY=VALUE,... sets gate fields, e.g.
-    expert:blend_steps=0); when on, every seed also runs without it"""
-    fallback_threshold: NonNegativeFloat | None = None
-    """ckpt: epistemic-variance threshold (default: stored in the checkpoint, else calibrated on --calibrate-seeds)"""
-    calibrate_seeds: str = "2000-2004"
-    """ckpt: nominal laps to calibrate the fallback threshold on, when none is given or stored"""
-    seed: NonNegativeInt = 0
-    """ckpt: seed of the controller's sampling"""
-    perturb: str = ""
-    """ckpt: perturb the controller's camera, KIND:LEVEL (datasets/perturb.py: noise, blur, occlusion, brightness,
-    domain_randomize); the shadow expert still acts on the privileged state"""
-    failure_horizon: NonNegativeInt = 25
-    """ckpt on carracing: failure prediction, AUROC of an event within this many steps (0: off; loop/failures.py)"""
 
 
 _CACHE: dict[tuple, tuple] = {}  # per process: (spec, settings) -> (policy, env, observers), built once per worker
@@ -212,8 +174,13 @@ def describe(results: Mapping[str, Any]) -> str:
                      f"{r['mean_return_no_fallback']:.1f} without")  # fmt: skip
     for key in sorted(k for k in r if k.startswith("failure_prediction")):
         fp = r[key]
-        lines.append(f"{key} ({fp['events']}, H={fp['horizon']} steps): " + ", ".join(
-            f"{name} AUROC {'-' if row['auroc'] is None else format(row['auroc'], '.3f')} lead "
-            f"{'-' if row.get('median_lead_steps') is None else format(row['median_lead_steps'], '.0f')}"
+        events = ", ".join(f"{kind} {n}" for kind, n in fp["events"].items())
+        head = f"{key} (events: {events}; H={fp['horizon']} steps): "
+        if not any(row["auroc"] is not None for row in fp["signals"].values()):  # no event, or every step before one
+            lines.append(head + "nothing to score (AUROC needs steps both near and far from an event)")
+            continue
+        lines.append(head + ", ".join(
+            f"{name} AUROC {'n/a' if row['auroc'] is None else format(row['auroc'], '.3f')}, median lead "
+            f"{'n/a' if row.get('median_lead_steps') is None else format(row['median_lead_steps'], '.0f') + ' steps'}"
             for name, row in fp["signals"].items()))  # fmt: skip
     return "\n".join(lines)

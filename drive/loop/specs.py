@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 
 SHIPPED = {"ppo": REPO / "checkpoints" / "expert_ppo.pt"}
-SHIPPED_CONTROLLER = REPO / "checkpoints" / "carracing_nsac.pt"
 
 
 class Expert(Protocol):

@@ -16,8 +16,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -28,9 +26,8 @@ from datasets.udacity import preprocess
 from datasets.udacity_history import FrameHistory
 from drive.checkpoint import CheckpointError, load_controller
 from drive.errors import UserError
+from drive.loop.options import SpeedConfig
 from drive.loop.rollout import PolicyOutput, RoadStep, SpeedStep, StepPrediction
-from drive.options import NonNegativeFloat, Port, PositiveFloat
-from sim_bridges.udacity_server import DEFAULT_SERVER
 from sim_bridges.udacity_transport import SERVERS, TransportError, import_eventlet
 
 log = logging.getLogger(__name__)
@@ -41,26 +38,6 @@ VISION_PRESETS = {
     # the CarRacing stand-in's top-down view: completes laps (the defaults)
     "carracing": RoadFollowerConfig(),
 }
-
-
-@dataclass(frozen=True)
-class SpeedConfig:
-    target_speed_mph: PositiveFloat = 20.0
-    """cruise speed on a straight with a confident controller (the simulator tops out near 30 mph)"""
-    min_speed_mph: NonNegativeFloat = 8.0
-    """lowest speed target (tight bends, gated uncertainty)"""
-    steer_slowdown: NonNegativeFloat = 0.6
-    """target speed falls by this fraction at full steering lock"""
-    uncertainty_slowdown: NonNegativeFloat = 2.0
-    """target speed falls by this fraction per unit of epistemic std of the steering"""
-    gate_std: NonNegativeFloat = 0.0
-    """uncertainty gate: above this total predictive std the target drops to min_speed_mph (0 = off)"""
-    kp: NonNegativeFloat = 0.1
-    """throttle per mph of speed error"""
-    kd: NonNegativeFloat = 0.02
-    """throttle per mph of speed change since the last frame"""
-    max_brake: NonNegativeFloat = 0.5
-    """strongest braking, as negative throttle"""
 
 
 class SpeedController:
@@ -138,23 +115,6 @@ class SteeringPolicy:
         throttle, target, gated = self.speed(v, steering, epistemic_std=epi, total_std=math.hypot(ale, epi))
         return PolicyOutput(np.array([steering, throttle], np.float32), prediction=pred,
                             latency_ms=1e3 * (time.perf_counter() - t0), speed=SpeedStep(v, target, gated))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class BridgeOptions:
-    """The bridge's server options, shared by `drive udacity drive` and `drive udacity record`."""
-
-    host: str = "127.0.0.1"
-    """address to listen on (the simulator connects to 127.0.0.1)"""
-    port: Port = 4567
-    """port to listen on (the simulator's is 4567; 0 picks a free one, the URL is printed)"""
-    connect_timeout_s: PositiveFloat = 300.0
-    """seconds to wait for the simulator to connect and send its first frame"""
-    ping_interval_s: PositiveFloat = 25.0
-    """engine.io ping interval of the server (the simulator's own is 25 s)"""
-    server: Literal["threading", "eventlet"] = DEFAULT_SERVER  # type: ignore[assignment]
-    """the bridge's server: threading (werkzeug) or eventlet (optional: pip install eventlet==0.41.3); the default is
-    the one `drive bench udacity` measured faster"""
 
 
 def checked_server(kind: str) -> str:

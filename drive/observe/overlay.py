@@ -23,10 +23,10 @@ import cv2
 import numpy as np
 
 from drive.loop.rollout import StepRecord
+from drive.observe import FRAME_SIZE
 from sim_bridges.carracing import ACTION_NAMES as ACTIONS
 
 PANEL_WIDTH = 300
-FRAME_SIZE = 420
 # variance bars: log10 axis from 1e-8 (below: empty bar) to 1 (steering/gas/brake live in [-1, 1] / [0, 1])
 LOG_VAR_RANGE = (-8.0, 0.0)
 

@@ -35,8 +35,6 @@ from typing import Annotated, Literal
 
 import tyro
 
-from datasets.bearings import SPECS, BearingFileError, extract_features, find_bearing
-from datasets.bearings.extract import CONDITIONS
 from drive.errors import UserError
 from drive.options import NonNegativeFloat, PositiveFloat, PositiveInt
 
@@ -82,6 +80,9 @@ def _folder(cfg: Config) -> Path:
 
 def _check(cfg: Config, folder: Path) -> tuple[str, Path]:
     """The folder's layout and the output path, after the checks that need no feature computed (one-line errors)."""
+    from datasets.bearings import find_bearing  # scipy: imported when the command runs, not for `--help`
+    from datasets.bearings.extract import CONDITIONS
+
     if cfg.rows_per_file is not None and cfg.rows_per_file < 1:
         raise UserError(f"--rows-per-file must be >= 1, got {cfg.rows_per_file}")
     if cfg.temperature is not None and cfg.temperature_files:
@@ -101,6 +102,8 @@ def _check(cfg: Config, folder: Path) -> tuple[str, Path]:
 
 def run(cfg: Config) -> int:
     from tqdm import tqdm
+
+    from datasets.bearings import SPECS, BearingFileError, extract_features
 
     folder = _folder(cfg)
     try:

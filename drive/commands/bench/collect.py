@@ -26,11 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from datasets.files import atomic_write
-from drive.loop.collect import CollectOptions, collect
-from drive.loop.specs import expert_policy
-from drive.observe.demonstrations import recorder_for
+from drive.loop.options import CollectOptions
 from drive.options import NonNegativeInt, PositiveInt
-from sim_bridges.carracing import make_carracing
 
 TARGETS = {"collect1_over_fast_expert": 0.9, "collect1_over_stock": 1.8, "collect2_over_collect1": 1.7}
 
@@ -76,6 +73,9 @@ def stock_loop(n_steps: int, first_seed: int) -> tuple[int, float]:
 
 
 def fast_loop(n_steps: int, expert: str | None, max_episode_steps: int, first_seed: int) -> tuple[int, float]:
+    from drive.loop.specs import expert_policy
+    from sim_bridges.carracing import make_carracing
+
     env = make_carracing(mode="pixels", fast_render=True, max_episode_steps=max_episode_steps)
     try:
         if expert is None:
@@ -89,6 +89,9 @@ def fast_loop(n_steps: int, expert: str | None, max_episode_steps: int, first_se
 
 
 def collect_run(workers: int, cfg: Config) -> tuple[int, float]:
+    from drive.loop.collect import collect
+    from drive.observe.demonstrations import recorder_for
+
     with tempfile.TemporaryDirectory(prefix="bench_collect_") as tmp:
         options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes,
                                  seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}", workers=workers,

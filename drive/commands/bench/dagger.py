@@ -17,16 +17,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from datasets.demonstrations import read_manifest
 from datasets.files import atomic_write
-from drive import checkpoint
 from drive.errors import UserError
-from drive.learn.experiment import TrainRequest, train_and_evaluate
-from drive.loop.dagger import DaggerOptions, aggregate
-from drive.loop.evaluate import EvalOptions, evaluate
-from drive.observe.demonstrations import recorder_for
-from drive.observe.uq_plots import plot_dagger_curve
-from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Probability
+from drive.loop.options import DaggerOptions, EvalOptions
+from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Probability, Workers
 
 
 @dataclass(frozen=True)
@@ -57,11 +51,13 @@ class Config:
     """retraining epochs per round"""
     set: tuple[str, ...] = ("task.stride=4", "encoder.d_model=32", "n_heads=4", "backbone_units=8")
     """retraining overrides (as C0's command)"""
-    workers: PositiveInt = 1
+    workers: Workers = 1
     """parallel episodes (DAgger and eval)"""
 
 
 def _eval(cfg: Config, ckpt: Path, target: Path) -> dict:
+    from drive.loop.evaluate import evaluate  # torch and the simulator: not for `--help`
+
     if not target.exists():
         result = evaluate(
             EvalOptions(
@@ -75,6 +71,12 @@ def _eval(cfg: Config, ckpt: Path, target: Path) -> dict:
 
 def _round(cfg: Config, arm: str, r: int, clone: Path, data: Path) -> tuple[Path, Path, int]:
     """One round of `arm`: (its aggregated dataset, the retrained clone, expert labels it added)."""
+    from datasets.demonstrations import read_manifest
+    from drive import checkpoint
+    from drive.learn.experiment import TrainRequest, train_and_evaluate
+    from drive.loop.dagger import aggregate
+    from drive.observe.demonstrations import recorder_for
+
     out = cfg.out / f"gd_{arm}{r}"
     start = cfg.first_seed + (r - 1) * cfg.episodes
     if not (out / "manifest.json").exists() or read_manifest(out).get("pending"):  # new, or stopped: resumed
@@ -113,6 +115,8 @@ def _round(cfg: Config, arm: str, r: int, clone: Path, data: Path) -> tuple[Path
 
 
 def run(cfg: Config) -> int:
+    from drive.observe.uq_plots import plot_dagger_curve
+
     if cfg.episodes < 1 or min(cfg.gated_rounds, cfg.plain_rounds) < 0:
         raise UserError("--episodes must be >= 1 and the round counts >= 0")
     cfg.out.mkdir(parents=True, exist_ok=True)

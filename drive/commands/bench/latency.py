@@ -23,17 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from agents.base import Controller, total_variance
-from agents.encoders import EncoderConfig
-from agents.nsac import NSACConfig
 from datasets.files import atomic_write
-from datasets.frames import ObservationCoder
-from drive.checkpoint import load_controller
-from drive.loop.specs import SHIPPED_CONTROLLER, load_expert
+from drive.loop.options import SHIPPED_CONTROLLER
 from drive.options import NonNegativeInt, PositiveInt
-from sim_bridges.carracing import make_carracing
 
 TARGET_MS, TARGET_RATIO = 5.0, 1.3
 
@@ -58,6 +51,9 @@ class Config:
 
 def _observations(n: int) -> list[np.ndarray]:
     """n raw (96, 96, 3) frames from a short pursuit drive in the pixel env."""
+    from drive.loop.specs import load_expert  # torch and the simulator, in each function: not for `--help`
+    from sim_bridges.carracing import make_carracing
+
     env = make_carracing(max_episode_steps=n + 1)
     expert = load_expert("pursuit")
     obs, info = env.reset(seed=4242)
@@ -72,6 +68,10 @@ def _observations(n: int) -> list[np.ndarray]:
 
 
 def _step_fn(model, n_samples: int, deterministic: bool, coder):
+    import torch
+
+    from agents.base import Controller, total_variance
+
     generator = torch.Generator().manual_seed(0)
 
     def step(frame: np.ndarray) -> None:
@@ -86,20 +86,29 @@ def _step_fn(model, n_samples: int, deterministic: bool, coder):
     return step
 
 
-@torch.inference_mode()
 def time_steps(model, obs, n_samples: int, deterministic: bool, steps: int, warmup: int, coder) -> np.ndarray:
+    import torch
+
     step = _step_fn(model, n_samples, deterministic, coder)
-    for i in range(warmup):
-        step(obs[i % len(obs)])
     times = np.empty(steps)
-    for i in range(steps):
-        t0 = time.perf_counter()
-        step(obs[i % len(obs)])
-        times[i] = (time.perf_counter() - t0) * 1e3
+    with torch.inference_mode():
+        for i in range(warmup):
+            step(obs[i % len(obs)])
+        for i in range(steps):
+            t0 = time.perf_counter()
+            step(obs[i % len(obs)])
+            times[i] = (time.perf_counter() - t0) * 1e3
     return times
 
 
 def _models(cfg: Config):
+    import torch
+
+    from agents.encoders import EncoderConfig
+    from agents.nsac import NSACConfig
+    from datasets.frames import ObservationCoder
+    from drive.checkpoint import load_controller
+
     paths = list(cfg.ckpt)
     if not paths and SHIPPED_CONTROLLER.is_file():
         paths = [SHIPPED_CONTROLLER]
@@ -115,6 +124,8 @@ def _models(cfg: Config):
 
 
 def run(cfg: Config) -> int:
+    import torch
+
     torch.set_num_threads(cfg.threads)
     obs = _observations(cfg.observations)
     results = []

@@ -27,8 +27,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from drive.learn import offline, offline_results
-from drive.observe.report import write_report
 from drive.options import PositiveInt
 
 
@@ -65,6 +63,9 @@ class Config:
 
 
 def run(cfg: Config) -> int:
+    from drive.learn import offline, offline_results  # torch: imported when the command runs, not for `--help`
+    from drive.observe.report import write_report
+
     grid = offline.make_grid(cfg.task, protocol=cfg.protocol, datasets=cfg.datasets, controllers=cfg.controllers,
                              seeds=cfg.seeds, out=cfg.out, data=cfg.data, epochs=cfg.epochs, overrides=cfg.set,
                              threads=cfg.threads, device=cfg.device, refresh=cfg.refresh)  # fmt: skip

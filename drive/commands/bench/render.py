@@ -14,10 +14,8 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from gymnasium.envs.box2d.car_racing import CarRacing
 
 from drive.options import NonNegativeInt, PositiveInt
-from sim_bridges.fast_render import render_state_pixels
 
 
 @dataclass(frozen=True)
@@ -36,6 +34,10 @@ def _actions(n: int, seed: int) -> list[np.ndarray]:
 
 
 def frame_times(n_steps: int, seed: int) -> tuple[list[float], list[float]]:
+    from gymnasium.envs.box2d.car_racing import CarRacing  # Box2D and pygame: not for `--help`
+
+    from sim_bridges.fast_render import render_state_pixels
+
     """CPU seconds per frame, stock and fast, each measured on the same state after every step."""
     env = CarRacing()
     env.reset(seed=seed)
@@ -58,6 +60,10 @@ def frame_times(n_steps: int, seed: int) -> tuple[list[float], list[float]]:
 
 
 def steps_per_second(n_steps: int, seed: int, mode: str) -> float:
+    from gymnasium.envs.box2d.car_racing import CarRacing
+
+    from sim_bridges.fast_render import render_state_pixels
+
     env = CarRacing()
     if mode == "fast":
         env._render = lambda m: render_state_pixels(env)

@@ -16,11 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from datasets.files import atomic_write
-from datasets.perturb import WORLD_KINDS, parse_perturbation
 from drive.errors import UserError
-from drive.loop.evaluate import EvalOptions, evaluate
-from drive.observe.uq_plots import plot_robustness
-from drive.options import PositiveInt
+from drive.loop.options import EvalOptions
+from drive.options import PositiveInt, Workers
 
 KEYS = ("mean_return", "min_return", "coverage90_steer", "epistemic_var_steer", "laps_finished")
 
@@ -36,7 +34,7 @@ class Config:
     """per kind KIND:LEVEL,LEVEL,... (domain_randomize: no levels)"""
     seeds: str = "1000-1004"
     """track seeds of every point"""
-    workers: PositiveInt = 1
+    workers: Workers = 1
     """parallel episodes per point"""
     samples: PositiveInt | None = None
     """stochastic samples per step (default: each controller's own)"""
@@ -46,6 +44,8 @@ class Config:
 
 def points(sweep: tuple[str, ...]) -> list[tuple[str, float, str]]:
     """[(kind, level, perturbation spec or '' for clean)] with level 0 (clean) first for every kind."""
+    from datasets.perturb import WORLD_KINDS, parse_perturbation  # OpenCV: not for `--help`
+
     out: list[tuple[str, float, str]] = []
     for item in sweep:
         kind, _, levels = item.partition(":")
@@ -63,6 +63,9 @@ def points(sweep: tuple[str, ...]) -> list[tuple[str, float, str]]:
 
 
 def run(cfg: Config) -> int:
+    from drive.loop.evaluate import evaluate  # torch and the simulator: not for `--help`
+    from drive.observe.uq_plots import plot_robustness
+
     if not cfg.ckpt:
         raise UserError("give at least one --ckpt")
     grid = points(cfg.sweep)

@@ -31,8 +31,7 @@ from pathlib import Path
 
 from datasets.files import atomic_write
 from drive.errors import UserError
-from drive.loop.collect import CollectOptions, collect
-from drive.observe.demonstrations import recorder_for
+from drive.loop.options import CollectOptions
 from drive.options import NonNegativeInt, PositiveInt
 
 TARGETS = {"ray2_over_ray1": 1.6, "ddp2_over_ddp1": 1.5}
@@ -67,6 +66,9 @@ def _load() -> float:
 
 
 def _collect(cfg: Config, out: Path, workers: int, ray: bool) -> dict:
+    from drive.loop.collect import collect  # torch and the simulator: not for `--help`
+    from drive.observe.demonstrations import recorder_for
+
     seeds = f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}"
     opts = CollectOptions(out=out, expert=cfg.expert, env=cfg.env, seeds=seeds, workers=workers,
                           max_episode_steps=cfg.max_episode_steps, min_return=-1e9, progress=False,

@@ -25,20 +25,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 
-from agents.encoders import EncoderConfig
-from agents.registry import CONTROLLERS, build_controller
 from datasets.root import REPO, data_root
-from drive.checkpoint import load_controller
 from drive.errors import UserError
-from drive.loop.udacity import SpeedConfig, SpeedController, SteeringPolicy
+from drive.loop.options import DEFAULT_SERVER, SpeedConfig
 from drive.options import NonNegativeInt, PositiveInt
-from sim_bridges.udacity import UdacityEnv
-from sim_bridges.udacity_protocol import decode_jpeg
-from sim_bridges.udacity_server import DEFAULT_SERVER
-from sim_bridges.udacity_sources import read_driving_log
-from sim_bridges.udacity_transport import TransportError, import_eventlet
 
 
 @dataclass(frozen=True)
@@ -72,6 +63,12 @@ def _data_dir(cfg: Config) -> Path:
 
 
 def _model(cfg: Config):
+    import torch
+
+    from agents.encoders import EncoderConfig
+    from agents.registry import CONTROLLERS, build_controller
+    from drive.checkpoint import load_controller
+
     if cfg.checkpoint:
         path = Path(cfg.checkpoint)
         if not path.is_absolute() and not path.exists():  # the shipped default, run from outside the checkout
@@ -90,6 +87,8 @@ def _pct(ms: list[float]) -> dict[str, float]:
 
 
 def _round_trips(cfg: Config, policy, data: Path, single_chain: bool, server: str) -> dict:
+    from sim_bridges.udacity import UdacityEnv
+
     env = UdacityEnv(port=0, timeout_s=3.0, connect_timeout_s=30.0, kind=server)
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "standin.json"
@@ -147,7 +146,14 @@ def _print(console, results: dict) -> None:
 
 
 def run(cfg: Config) -> int:
+    # the engine, imported when the command runs: `drive bench udacity --help` must not load torch or socket.io
+    import torch
     from rich.console import Console
+
+    from drive.loop.udacity import SpeedController, SteeringPolicy
+    from sim_bridges.udacity_protocol import decode_jpeg
+    from sim_bridges.udacity_sources import read_driving_log
+    from sim_bridges.udacity_transport import TransportError, import_eventlet
 
     torch.set_num_threads(cfg.threads)
     data = _data_dir(cfg)

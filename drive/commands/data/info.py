@@ -11,15 +11,6 @@ from typing import Annotated, Any
 import numpy as np
 import tyro
 
-from datasets.demonstrations import (
-    EPISODE_DIR,
-    MANIFEST,
-    DemonstrationError,
-    check_sizes,
-    load_episode,
-    read_manifest,
-)
-from datasets.frames import LEGACY_CODING
 from drive.loop.seeds import format_seeds
 
 log = logging.getLogger(__name__)
@@ -36,6 +27,16 @@ class Config:
 
 
 def dataset_summary(root: str | Path, verify: bool = False) -> dict[str, Any]:
+    from datasets.demonstrations import (  # they load torch: imported when a summary is made, not for `--help`
+        EPISODE_DIR,
+        MANIFEST,
+        DemonstrationError,
+        check_sizes,
+        load_episode,
+        read_manifest,
+    )
+    from datasets.frames import LEGACY_CODING
+
     root = Path(root)
     manifest = read_manifest(root)
     episodes = manifest["episodes"]

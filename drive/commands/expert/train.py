@@ -7,9 +7,8 @@ import sys
 from dataclasses import dataclass
 
 from drive.errors import UserError
-from drive.learn.ppo_expert import PPOExpertOptions, held_out_returns, return_stats, train_expert
+from drive.learn.options import PPOExpertOptions
 from drive.loop.seeds import parse_seeds
-from drive.loop.specs import load_expert
 
 ACCEPTANCE_SEEDS = set(range(1000, 1020))
 
@@ -23,6 +22,9 @@ class Config(PPOExpertOptions):
 
 
 def _evaluate_only(cfg: Config, seeds: list[int]) -> int:
+    from drive.learn.ppo_expert import held_out_returns, return_stats
+    from drive.loop.specs import load_expert
+
     mode = "pixels" if cfg.evaluate_pixels else "state"
     results = held_out_returns(load_expert(cfg.evaluate), seeds, mode=mode)
     for row in results:
@@ -41,6 +43,8 @@ def run(cfg: Config) -> int:
         raise UserError("--eval-seeds overlap 1000-1019, the acceptance seeds: select on other tracks")
     if min(cfg.total_steps, cfg.n_envs, cfg.eval_every) < 1:
         raise UserError("--total-steps, --n-envs and --eval-every must be >= 1")
+    from drive.learn.ppo_expert import train_expert  # torch and stable-baselines3: not for `--help`
+
     command = "drive expert train " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["expert", "train"] else ""
     best = train_expert(cfg, seeds, command)
     print(f"best held-out score {best:.1f}; exported to {cfg.out or cfg.run_dir / 'expert.pt'}")

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from drive.loop.fallback import FallbackConfig
 from drive.loop.seeds import parse_seeds
-from drive.loop.thresholds import store_threshold
 from drive.options import FloatRange, PositiveInt
 
 
@@ -29,6 +27,9 @@ class Config:
 
 
 def run(cfg: Config) -> int:
+    from drive.loop.fallback import FallbackConfig  # torch and the simulator: not for `--help`
+    from drive.loop.thresholds import store_threshold
+
     fb = FallbackConfig(quantile=cfg.quantile, signal=cfg.signal)
     value = store_threshold(cfg.ckpt, fb, parse_seeds(cfg.seeds), cfg.samples, {"name": "carracing"})
     print(f"{cfg.ckpt}: fallback threshold {value:.4g} (q={cfg.quantile} of {cfg.signal} epistemic variance on "

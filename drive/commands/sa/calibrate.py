@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datasets.files import atomic_write
-from drive.learn.sa import SHOWN, SAOptions, calibrate, plot_curve
+from drive.learn.options import SAOptions
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class Config(SAOptions):
 def _print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from drive.learn.sa import SHOWN
 
     table = Table(title=f"{result['controller']} test split ({result['n_test']} stacks): without vs with SA")
     for col in ("metric", "without SA", f"SA nu={result['nu']}"):
@@ -41,6 +43,8 @@ def _print_table(result: dict) -> None:
 
 
 def run(cfg: Config) -> int:
+    from drive.learn.sa import calibrate, plot_curve  # torch: imported when the command runs, not for `--help`
+
     result = calibrate(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,16 +17,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
-from gymnasium.wrappers import TimeLimit
 from tqdm import tqdm
 
 from drive.errors import UserError
-from drive.loop.rollout import rollout
-from drive.loop.udacity import BridgeOptions, SpeedConfig, checked_server, make_policy
-from drive.observe.udacity import Overlay, StepLog, StopDriving
+from drive.loop.options import BridgeOptions, SpeedConfig
 from drive.options import NonNegativeInt, PositiveFloat, PositiveInt
-from sim_bridges.udacity import UdacityEnv
 
 
 @dataclass(frozen=True)
@@ -52,6 +47,14 @@ class Config(SpeedConfig, BridgeOptions):
 
 
 def run(cfg: Config) -> int:
+    import torch  # the engine, imported when the command runs: not for `--help` (drive/cli.py)
+    from gymnasium.wrappers import TimeLimit
+
+    from drive.loop.rollout import rollout
+    from drive.loop.udacity import checked_server, make_policy
+    from drive.observe.udacity import Overlay, StepLog, StopDriving
+    from sim_bridges.udacity import UdacityEnv
+
     tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     torch.set_num_threads(cfg.threads)
     policy = make_policy(cfg.policy, cfg, cfg.n_samples, cfg.seed)  # a bad checkpoint fails before we bind a port
@@ -65,10 +68,8 @@ def run(cfg: Config) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)  # after the port is bound: a refused port leaves nothing behind
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     print(f"logging to {run_dir}", flush=True)
-    steps, bar = (
-        StepLog(run_dir),
-        tqdm(desc="frames", unit="frame", mininterval=1.0, delay=0.5),
-    )  # shown once frames come
+    steps = StepLog(run_dir)
+    bar = tqdm(desc="frames", unit="frame", mininterval=1.0, delay=0.5)  # shown once frames come
     observers = [steps, lambda rec: bar.update(1)]
     overlay = None if cfg.display == "none" else Overlay(cfg.display, run_dir / "overlay.mp4")
     observers += [overlay] if overlay else []

@@ -19,12 +19,9 @@ import json
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm import tqdm
 
-from drive.loop.udacity import BridgeOptions, SpeedConfig, checked_server, make_policy
-from drive.observe.driving_log import DrivingLogWriter
+from drive.loop.options import BridgeOptions, SpeedConfig
 from drive.options import NonNegativeFloat, NonNegativeInt, PositiveFloat
-from sim_bridges.udacity import UdacityServer
 
 
 @dataclass(frozen=True)
@@ -42,6 +39,13 @@ class Config(BridgeOptions):
 
 
 def run(cfg: Config) -> int:
+    # the engine, imported when the command runs: `drive udacity record --help` must not load torch or socket.io
+    from tqdm import tqdm
+
+    from drive.loop.udacity import checked_server, make_policy
+    from drive.observe.driving_log import DrivingLogWriter
+    from sim_bridges.udacity import UdacityServer
+
     tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     policy = None
     if cfg.policy != "manual":

@@ -10,8 +10,6 @@ from pathlib import Path
 
 from drive.errors import UserError
 from drive.options import NonNegativeInt, Port, PositiveFloat, PositiveInt
-from sim_bridges.udacity_sources import CarRacingSource, ReplaySource
-from sim_bridges.udacity_standin import StandIn, StandInConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +35,9 @@ class Config:
 
 
 def run(cfg: Config) -> int:
+    from sim_bridges.udacity_sources import CarRacingSource, ReplaySource  # OpenCV, socket.io: not for `--help`
+    from sim_bridges.udacity_standin import StandIn, StandInConfig
+
     if (cfg.replay is None) == (cfg.carracing is None):
         raise UserError("give exactly one of --replay DIR and --carracing SEED")
     if not 0 < cfg.port < 65536 or cfg.malformed_every < 0:
