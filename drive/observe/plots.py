@@ -1,23 +1,26 @@
 """Plots of an interpretability trace: the NSAC paper's Figure 6 (the track map coloured by phi, kappa, psi, the
 attention logit mean and the epistemic variance, from the values the model computed on that lap) and time series
-of steering (mean +- 2 sigma against the shadow expert), epistemic variance (log scale, the fallback threshold
-dashed) and the gates per head, with fallback engagements shaded.
+of steering (mean +- 2 sigma against the shadow expert; band and axis cut at the steering range [-1, 1]),
+epistemic variance (log scale, the fallback threshold dashed) and the gates of each head beside their mean, with
+fallback engagements shaded. Titles name the policy by `portable_spec`: no absolute path of the machine.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from drive.observe.trace import read_trace
-from sim_bridges.carracing import ACTION_NAMES
+from drive.observe.trace import portable_spec, read_trace
+from sim_bridges.carracing import ACTION_HIGH, ACTION_LOW, ACTION_NAMES
 
 MAP_PANELS = (("phi", "phi (long-term mean)"), ("kappa", "kappa (reversion rate)"), ("psi", "psi (noise)"),
               ("mu", "attention logit mean"), ("epistemic_var_steer", "epistemic var (steer)"))  # fmt: skip
 GATES = ("kappa", "phi", "psi", "mu", "sigma2")
+STEER = ACTION_NAMES.index("steer")
 
 
 def _pyplot() -> Any:
@@ -30,20 +33,32 @@ def _pyplot() -> Any:
 
 
 def plot_trace(path: str | os.PathLike) -> list[Path]:
-    """Figure 6 style track maps and time series for one trace; returns the PNG paths."""
+    """Figure 6 style track maps and time series for one trace, written beside it; returns the PNG paths."""
     path = Path(path)
-    table, meta = read_trace(path)
-    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names
-            if not c.endswith(("_values", "frame"))}  # fmt: skip
+    plt = _pyplot()
     out = []
-    panels = [(k, title) for k, title in MAP_PANELS if k in cols and np.isfinite(cols[k]).any()]
-    if panels:
-        out.append(_track_maps(path, cols, meta, panels))
-    out.append(_time_series(path, cols))
+    for suffix, fig in trace_figures(path).items():
+        target = path.with_name(f"{path.stem}_{suffix}.png")
+        fig.savefig(target, dpi=90)  # no tight_layout: 1 s per plot; each figure places its axes itself
+        plt.close(fig)
+        out.append(target)
     return out
 
 
-def _track_maps(path: Path, cols: dict[str, np.ndarray], meta: dict[str, Any], panels: list[tuple[str, str]]) -> Path:
+def trace_figures(path: str | os.PathLike) -> dict[str, Any]:
+    """The figures of one trace by file suffix: `map` (when the controller reports gates) and `timeseries`."""
+    table, meta = read_trace(path)
+    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names
+            if not c.endswith(("_values", "frame"))}  # fmt: skip
+    figures = {}
+    panels = [(k, title) for k, title in MAP_PANELS if k in cols and np.isfinite(cols[k]).any()]
+    if panels:
+        figures["map"] = _track_maps(cols, meta, panels)
+    figures["timeseries"] = _time_series(cols)
+    return figures
+
+
+def _track_maps(cols: dict[str, np.ndarray], meta: dict[str, Any], panels: list[tuple[str, str]]) -> Any:
     plt = _pyplot()
     track = None if meta.get("track") is None else np.asarray(meta["track"])
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
@@ -70,46 +85,44 @@ def _track_maps(path: Path, cols: dict[str, np.ndarray], meta: dict[str, Any], p
         ax.set_aspect("equal")
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle(f"seed {meta['seed']}: {meta.get('policy', '')} — values the model computed on this lap")
-    fig.subplots_adjust(left=0.02, right=0.97, top=0.85, bottom=0.03, wspace=0.15)  # tight_layout: 1 s per plot
-    target = path.with_name(path.stem + "_map.png")
-    fig.savefig(target, dpi=90)
-    plt.close(fig)
-    return target
+    policy = portable_spec(str(meta.get("policy", "")))  # traces written before the recorder stored it portable
+    fig.suptitle(f"seed {meta['seed']}: {policy} — values the model computed on this lap")
+    fig.subplots_adjust(left=0.02, right=0.97, top=0.85, bottom=0.03, wspace=0.15)
+    return fig
 
 
-def _time_series(path: Path, cols: dict[str, np.ndarray]) -> Path:
+def _time_series(cols: dict[str, np.ndarray]) -> Any:
     plt = _pyplot()
     t = cols["t"]
     rows = ["steer", "epistemic"] + [k for k in GATES if k in cols]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(11, 1.8 * len(rows)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(12.5, 1.8 * len(rows)), sharex=True, squeeze=False)
     engaged = np.isin(cols["fallback"], ["expert", "slow"])
     for ax, key in zip(axes[:, 0], rows, strict=True):
         if key == "steer":
             sd = np.sqrt(cols["aleatoric_var_steer"] + cols["epistemic_var_steer"])
-            ax.fill_between(t, cols["mean_steer"] - 2 * sd, cols["mean_steer"] + 2 * sd, alpha=0.3, label="±2σ")
+            # the Gaussian's band is cut at the action's range: the env clips any steering outside [-1, 1]
+            lo, hi = float(ACTION_LOW[STEER]), float(ACTION_HIGH[STEER])
+            band = np.clip(cols["mean_steer"] - 2 * sd, lo, hi), np.clip(cols["mean_steer"] + 2 * sd, lo, hi)
+            ax.fill_between(t, *band, alpha=0.3, label="±2σ (cut at ±1)")
             ax.plot(t, cols["mean_steer"], lw=1, label="controller")
             if np.isfinite(cols["expert_steer"]).any():
                 ax.plot(t, cols["expert_steer"], lw=1, color="green", label="shadow expert")
-            ax.legend(loc="upper right", fontsize=7, ncol=3)
+            ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
         elif key == "epistemic":
             for a in ACTION_NAMES:
                 ax.semilogy(t, np.maximum(cols[f"epistemic_var_{a}"], 1e-12), lw=1, label=a)
             if np.isfinite(cols["fallback_threshold"]).any():
                 ax.axhline(np.nanmax(cols["fallback_threshold"]), color="red", lw=1, ls="--", label="threshold")
-            ax.legend(loc="upper right", fontsize=7, ncol=4)
         else:
-            for i, head in enumerate(sorted(c for c in cols if c.startswith(f"{key}_h"))):
-                ax.plot(t, cols[head], lw=0.7, alpha=0.6, label="per head" if i == 0 else None)
+            heads = sorted(int(m[1]) for c in cols if (m := re.fullmatch(rf"{key}_h(\d+)", c)))
+            for i in heads:
+                ax.plot(t, cols[f"{key}_h{i}"], lw=0.7, alpha=0.6, label=f"head {i}")
             ax.plot(t, cols[key], lw=1.4, color="black", label="mean over heads")
-            ax.legend(loc="upper right", fontsize=7, ncol=2)
         if engaged.any():
             ax.fill_between(t, 0, 1, where=engaged, transform=ax.get_xaxis_transform(), color="red", alpha=0.12,
                             label="fallback engaged")  # fmt: skip
+        ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)  # beside, never on, data
         ax.set_ylabel(key)
     axes[-1, 0].set_xlabel("step")
-    fig.subplots_adjust(left=0.08, right=0.98, top=0.98, bottom=0.06, hspace=0.12)
-    target = path.with_name(path.stem + "_timeseries.png")
-    fig.savefig(target, dpi=90)
-    plt.close(fig)
-    return target
+    fig.subplots_adjust(left=0.07, right=0.84, top=0.98, bottom=0.06, hspace=0.12)
+    return fig

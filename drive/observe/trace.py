@@ -20,8 +20,8 @@ Per step (one row; `t` is the step index, the row describes the state the contro
     frame           the raw 96x96 RGB frame (the env's observation), for replays
 
 File metadata (key b"drive"): JSON with the track centreline (N, 2), internal shapes and head axes, frame shapes,
-policy name. The recorder is drive/observe/trace_recorder.py; drive/observe/plots.py draws the NSAC paper's
-Figure 6 from a trace.
+policy name (its path relative to the working directory, or the file name: never an absolute path of the machine).
+The recorder is drive/observe/trace_recorder.py; drive/observe/plots.py draws the NSAC paper's Figure 6 from a trace.
 """
 
 from __future__ import annotations
@@ -40,6 +40,27 @@ from drive.errors import UserError
 
 META_KEY = b"drive"
 REQUIRED = ("t", "mean_steer", "action_steer")
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """A path as an output shows it: relative to the working directory when it lies inside it, its file name when
+    it is absolute elsewhere, as given otherwise — never the machine's absolute path (traces and plots are shared)."""
+    path = Path(path)
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return path.name
+
+
+def portable_spec(spec: str) -> str:
+    """A policy spec (`ckpt:PATH`, `expert:PATH`, `expert:ppo`, or a bare path) with its path shown by
+    `portable_path`."""
+    if Path(spec).is_absolute():
+        return portable_path(spec)
+    kind, sep, arg = spec.partition(":")
+    return f"{kind}:{portable_path(arg)}" if sep and arg else spec
 
 
 def write_trace(path: str | os.PathLike, rows: list[dict[str, Any]], meta: dict[str, Any]) -> Path:

@@ -13,7 +13,7 @@ import numpy as np
 
 from drive.loop.rollout import Internals, StepRecord
 from drive.observe.plots import plot_trace
-from drive.observe.trace import write_trace
+from drive.observe.trace import portable_spec, write_trace
 from sim_bridges.carracing import ACTION_NAMES
 
 log = logging.getLogger(__name__)
@@ -132,8 +132,8 @@ class TraceRecorder:
 
     def _write(self, seed: int) -> None:
         meta = {
-            "policy": self.policy_name, "seed": int(seed), "n_steps": len(self.rows), "internals": self.shapes,
-            "obs_shape": self.obs_shape, "frame_shape": self.frame_shape,
+            "policy": portable_spec(self.policy_name), "seed": int(seed), "n_steps": len(self.rows),
+            "internals": self.shapes, "obs_shape": self.obs_shape, "frame_shape": self.frame_shape,
             "track": None if self.track is None else self.track.round(3).tolist(),
         }  # fmt: skip
         path = write_trace(self.out_dir / f"trace_seed{int(seed):06d}.parquet", self.rows, meta)

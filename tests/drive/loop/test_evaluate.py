@@ -11,7 +11,7 @@ from datasets.demonstrations import Demonstrations
 from drive.cli import main
 from drive.commands.eval import Config
 from drive.loop.envs import make_env
-from drive.loop.evaluate import evaluate
+from drive.loop.evaluate import describe, evaluate
 from drive.loop.policies import ExpertPolicy
 from drive.loop.rollout import rollout
 from drive.loop.specs import POLICY_KINDS, make_policy, parse_policy_spec
@@ -162,3 +162,17 @@ def test_demo_records_demonstrations_and_a_video(tmp_path, capsys):
         == 0
     )
     assert "already recorded" in capsys.readouterr().out
+
+
+def test_describe_names_failure_events_in_words_and_says_when_there_is_nothing_to_score():
+    quiet = {"horizon": 25, "events": {"off_track": 0, "spin": 0, "stall": 0},
+             "signals": {"epistemic_steer": {"auroc": None, "median_lead_steps": None}}}  # fmt: skip
+    text = describe({"failure_prediction": quiet})
+    assert "events: off_track 0, spin 0, stall 0" in text and "nothing to score" in text
+    assert "{" not in text and "AUROC -" not in text
+    scored = {**quiet, "events": {"off_track": 2, "spin": 0, "stall": 1},
+              "signals": {"epistemic_steer": {"auroc": 0.8125, "median_lead_steps": 12.0},
+                          "total_steer": {"auroc": 0.5, "median_lead_steps": None}}}  # fmt: skip
+    text = describe({"failure_prediction": scored})
+    assert "epistemic_steer AUROC 0.812, median lead 12 steps" in text
+    assert "total_steer AUROC 0.500, median lead n/a" in text

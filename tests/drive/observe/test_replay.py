@@ -16,7 +16,7 @@ from drive.cli import main
 from drive.loop.envs import make_env
 from drive.loop.rollout import rollout
 from drive.loop.specs import controller_policy as load_controller_policy
-from drive.observe.overlay import PANEL_WIDTH, OverlayState, draw_overlay
+from drive.observe.overlay import BLUE, PANEL_WIDTH, OverlayState, draw_overlay
 from drive.observe.trace import read_trace
 from drive.observe.trace_recorder import TraceRecorder
 from drive.observe.video import read_video
@@ -89,6 +89,19 @@ def test_overlay_shows_what_changes():
     assert gray.shape == base.shape
     with pytest.raises(ValueError, match="frame"):
         draw_overlay(np.zeros((4, 84, 84), np.uint8), _state())
+
+
+def test_overlay_steering_band_stays_on_the_steering_axis():
+    """A band of mean -0.67 +- 1.12 (as the shipped NSAC shows on track 1000) is cut at -1, the axis' end."""
+    frame = np.full((96, 96, 3), 100, np.uint8)
+    panel = draw_overlay(frame, _state(mean=(-0.67, 0.5, 0.0), aleatoric_var=(0.31, 0.01, 0.0)))[:, 420:]
+    blue = np.all(panel == BLUE, axis=2)
+    rows = np.flatnonzero(blue.any(axis=1))
+    assert rows.size > 0
+    cols = np.flatnonzero(blue[rows].any(axis=0))
+    x0, x1 = 20, PANEL_WIDTH - 20  # the [-1, 1] axis of drive/observe/overlay.py
+    assert cols.min() == x0  # reaches -1 and stops there (uncut it would start 0.79 further left, off the panel)
+    assert cols.max() == round(x0 + (-0.67 + 2 * np.sqrt(0.31 + 0.002) + 1) / 2 * (x1 - x0))
 
 
 def test_drive_headless_writes_the_video_and_trace(ckpt, tmp_path, monkeypatch):
