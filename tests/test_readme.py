@@ -149,3 +149,13 @@ def test_readme_pipeline_runs_verbatim(tmp_path, monkeypatch, capsys):
     assert len(read_video(runs / "bc-nsac-d1" / "seed_1000.mp4")) == table.num_rows
     assert (tmp_path / "out" / "drive.mp4").stat().st_size > 10_000  # `drive drive` headless
     assert len(json.loads((runs / "demos-d1" / "manifest.json").read_text())["episodes"]) == 4  # 3 + 1 DAgger
+    best = (runs / "bc-nsac-d1" / "best.pt").read_bytes()
+    capsys.readouterr()
+    for words in pipeline_block()[:5]:  # rerun as typed: collect, dagger and train find their finished work
+        argv = shrink(words)[1:]
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 0, f"rerun {' '.join(argv)} -> {code}: {err}"
+        assert "nan" not in out and "Warning" not in err, (argv, out, err)
+    assert (runs / "bc-nsac-d1" / "best.pt").read_bytes() == best  # nothing retrained
+    assert len(json.loads((runs / "demos-d1" / "manifest.json").read_text())["episodes"]) == 4
