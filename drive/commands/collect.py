@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from datasets.demonstrations import read_manifest
-from drive.loop.collect import CollectOptions, collect
-from drive.observe.demonstrations import recorder_for
+from drive.loop.options import CollectOptions
 
 
 @dataclass(frozen=True)
@@ -22,6 +20,10 @@ class Config(CollectOptions):
 
 
 def run(cfg: Config) -> int:
+    from datasets.demonstrations import read_manifest
+    from drive.loop.collect import collect
+    from drive.observe.demonstrations import recorder_for
+
     summary = collect(cfg, recorder_for)
     records = read_manifest(summary.out)["episodes"]
     flagged = [r["seed"] for r in records if r["flagged"]]

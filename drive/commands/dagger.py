@@ -2,6 +2,8 @@
 aggregated with the data into a new dataset (drive/loop/dagger.py).
 
     drive dagger --ckpt runs/bc-nsac/best.pt --data runs/demos --out runs/demos-d1 --seeds 100-129 --beta 0.3
+
+Rerunning the same command resumes a stopped round; a finished one says so and prints the same summary again.
 """
 
 from __future__ import annotations
@@ -10,9 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from datasets.demonstrations import read_manifest
-from drive.loop.dagger import DaggerOptions, aggregate
-from drive.observe.demonstrations import recorder_for
+from drive.loop.options import DaggerOptions
 
 
 @dataclass(frozen=True)
@@ -21,10 +21,21 @@ class Config(DaggerOptions):
 
 
 def run(cfg: Config) -> int:
+    from datasets.demonstrations import read_manifest
+    from drive.loop.dagger import aggregate
+    from drive.observe.demonstrations import recorder_for
+
     new = aggregate(cfg, recorder_for)
-    returns = [r["return"] for r in new]
-    total = len(read_manifest(cfg.out)["episodes"])
-    print(f"{len(new)} DAgger episode(s) ({sum(r['steps'] for r in new)} frames, mean return under the mixture "
-          f"{np.mean(returns):.1f}, {sum(r['labels'] for r in new)} expert labels)"
-          f" + the {total - len(new)} episodes of {cfg.data} -> {cfg.out}")  # fmt: skip
+    manifest = read_manifest(cfg.out)
+    # this round's episodes are its seeds (the source may hold DAgger episodes of an earlier round)
+    seeds = {int(s) for s in manifest["settings"]["dagger"]["seeds"]}
+    rounds = [e for e in manifest["episodes"] if int(e["seed"]) in seeds]
+    n_source = len(manifest["episodes"]) - len(rounds)
+    if not new:
+        print(f"{cfg.out} is already complete: nothing recorded")
+    elif len(new) < len(rounds):
+        print(f"resumed {cfg.out}: {len(new)} episode(s) recorded now, {len(rounds) - len(new)} already there")
+    print(f"{len(rounds)} DAgger episode(s) ({sum(r['steps'] for r in rounds)} frames, mean return under the mixture "
+          f"{np.mean([r['return'] for r in rounds]):.1f}, {sum(r['labels'] for r in rounds)} expert labels)"
+          f" + the {n_source} episodes of {cfg.data} -> {cfg.out}")  # fmt: skip
     return 0

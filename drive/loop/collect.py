@@ -24,58 +24,21 @@ from typing import IO, Any
 
 from datasets.demonstrations import EPISODE_DIR, MANIFEST, read_manifest, write_episode, write_manifest
 from datasets.files import clean_temp
-from datasets.frames import DEFAULT_CODING, FRAME_CODINGS
+from datasets.frames import FRAME_CODINGS
 from drive.errors import UserError
 from drive.loop.envs import ENVS, make_env
+from drive.loop.options import CollectOptions
 from drive.loop.policies import NoisyPolicy
-from drive.loop.pool import Ticker, run_tasks
+from drive.loop.pool import Ticker, check_ray, run_tasks
 from drive.loop.rollout import Observer, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import expert_policy
-from drive.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 log = logging.getLogger(__name__)
 
 # settings that shape the recorded data: a resumed run must match them exactly
 DATA_SETTINGS = ("env", "expert", "action_noise", "noise_seed", "frame_stack", "frame_coding", "max_episode_steps",
                  "keep_raw", "fast_render", "min_return")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class CollectOptions:
-    out: Path
-    """dataset directory; created if new, resumed if it holds a dataset recorded with the same settings"""
-    expert: str = "ppo"
-    """expert that drives: ppo (shipped), pursuit (scripted), or a path to an expert checkpoint"""
-    episodes: PositiveInt | None = None
-    """number of episodes (default: one per seed in --seeds); without --seeds the seeds are 0..N-1"""
-    seeds: str | None = None
-    """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix; with --episodes N the first N are used"""
-    action_noise: NonNegativeFloat = 0.0
-    """DART noise: std of the Gaussian added to the executed action (clipped); the label stays the clean action"""
-    noise_seed: NonNegativeInt = 0
-    """seed of the DART noise stream (mixed with each track seed)"""
-    workers: PositiveInt = 1
-    """parallel worker processes, one episode per task (1 runs in this process); with --ray: episodes in flight"""
-    ray: str | None = None
-    """run the episodes as Ray tasks: local (a Ray instance here, --workers CPUs), auto (the `ray start` cluster of
-    this node) or HOST:PORT; on several nodes --out must be on a filesystem all of them mount"""
-    frame_coding: str = DEFAULT_CODING
-    """how each frame is coded for controllers: full (the whole view, indicator bar kept) or cropped"""
-    keep_raw: bool = False
-    """also store the env's raw 96x96 RGB frame per step (about 3.5x the size; for videos and re-coding)"""
-    min_return: float = 700.0
-    """episodes returning less are flagged and left out by readers unless asked for (700: a clean lap's floor)"""
-    max_episode_steps: PositiveInt = 1000
-    """step limit per episode (CarRacing-v3's is 1000)"""
-    frame_stack: PositiveInt = 4
-    """frames in the controller's observation stack"""
-    fast_render: bool = True
-    """use the bridge's fast renderer (pixel-identical to stock CarRacing)"""
-    env: str = "carracing"
-    """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
-    progress: bool = True
-    """show a progress bar with frames/s"""
 
 
 def seed_list(opts: CollectOptions) -> list[int]:
@@ -105,6 +68,7 @@ def validate(opts: CollectOptions) -> list[int]:
     if opts.action_noise < 0 or opts.frame_stack < 1 or opts.max_episode_steps < 1:
         raise UserError("--action-noise must be >= 0, --frame-stack and --max-episode-steps >= 1")
     expert_policy(opts.expert, opts.env)  # a bad expert fails here, before the directory exists
+    check_ray(opts.ray)
     return seeds
 
 

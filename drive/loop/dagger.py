@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,50 +47,15 @@ from drive.errors import UserError
 from drive.loop.collect import intact, lock
 from drive.loop.envs import make_env
 from drive.loop.fallback import FallbackConfig
+from drive.loop.options import DaggerOptions
 from drive.loop.policies import ControllerPolicy
 from drive.loop.pool import Ticker, run_tasks
 from drive.loop.rollout import PolicyOutput, rollout
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import controller_policy
 from drive.loop.thresholds import resolve_threshold
-from drive.options import NonNegativeFloat, NonNegativeInt, OpenUnit, PositiveInt, Probability
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DaggerOptions:
-    ckpt: Path
-    """the clone that drives (a `drive train` checkpoint)"""
-    data: Path
-    """the demonstrations to aggregate with (their episodes are linked into --out)"""
-    out: Path
-    """the aggregated dataset directory (new; rerunning the same command resumes it)"""
-    seeds: str
-    """track seeds of the new episodes (keep them apart from the data's and from evaluation seeds)"""
-    expert: str = "pursuit"
-    """the expert that labels (ppo, pursuit or an expert checkpoint path)"""
-    beta: Probability = 0.3
-    """probability per step that the expert's action is executed instead of the clone's"""
-    samples: PositiveInt | None = None
-    """the clone's stochastic samples per step (default: its own)"""
-    workers: PositiveInt = 2
-    """parallel worker processes, one episode per task"""
-    max_episode_steps: PositiveInt = 1000
-    """step limit per episode"""
-    seed: NonNegativeInt = 0
-    """seed of the mixing coin and the clone's sampling"""
-    env: str = "carracing"
-    """simulator: carracing, or fake-road (tests; its expert is 'pursuit')"""
-    progress: bool = True
-    """show a progress bar"""
-    query_quantile: OpenUnit | None = None
-    """uncertainty-gated DAgger: query the expert only where the clone's steering epistemic variance exceeds this
-    quantile of it on nominal laps (None: plain DAgger, every state labelled)"""
-    query_threshold: NonNegativeFloat | None = None
-    """gated DAgger: the epistemic-variance threshold itself (default: calibrated from query_quantile)"""
-    calibrate_seeds: str = "2000-2004"
-    """gated DAgger: the clone's nominal laps for the threshold"""
 
 
 class MixedPolicy:

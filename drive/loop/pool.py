@@ -1,19 +1,28 @@
 """Run many episodes: in this process, in a process pool or on Ray (one episode per task), with a frames/s bar.
 
-Used by `drive collect` and `drive eval`. Workers report frames through a shared counter (`worker_tick`), so the bar
-moves during an episode, not only between them. Workers die with their parent (Linux PR_SET_PDEATHSIG): a killed
-run leaves nothing writing behind it. `ray=ADDRESS` runs the same tasks on a Ray cluster instead
-(drive/loop/ray_pool.py): one interface, two engines.
+Used by `drive collect`, `drive dagger` and `drive eval`. Workers report frames through a shared counter
+(`worker_tick`), so the bar moves during an episode, not only between them. Workers die with their parent (Linux
+PR_SET_PDEATHSIG): a killed run leaves nothing writing behind it. `ray=ADDRESS` runs the same tasks on a Ray cluster
+instead (drive/loop/ray_pool.py): one interface, two engines.
+
+Ctrl-C: workers ignore SIGINT (a terminal sends it to the whole process group), so only the driver decides. The
+driver's first SIGINT is noted and acted on between results, never half-way through `on_result` (which persists
+them): results already finished are handed over, the tasks not started are dropped, the workers are killed (an
+episode in flight is lost, and it is the only thing lost) and KeyboardInterrupt is raised, well within a second. A
+second Ctrl-C raises at once.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Any
 
 from drive.errors import USER_ERRORS
@@ -24,9 +33,11 @@ _COUNTER: Any = None  # shared frame counter for the progress bar
 def _init_worker(counter: Any) -> None:
     global _COUNTER
     _COUNTER = counter
+    # Ctrl-C is the driver's to handle (see the module docstring): a worker that took it would report the episode as
+    # failed and go on with the next task, so a stopped run kept recording behind the prompt
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform == "linux":  # die with the parent: a killed collect must not leave workers writing behind it
         import ctypes
-        import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     # one process per core: no library thread pools competing with the other workers
@@ -73,10 +84,10 @@ def run_tasks(
         from drive.loop.ray_pool import run_on_ray  # Ray is an optional extra: imported only when asked for
 
         run_on_ray(fn, tasks, workers, on_result, extra, ray, label,
-                   lambda counter: FrameProgress(len(tasks), counter, show, label))  # fmt: skip
+                   lambda counter: FrameProgress(len(tasks), counter, show, label), DeferredInterrupt())  # fmt: skip
         return
     if workers == 1 or len(tasks) == 1:
-        _run_here(fn, tasks, on_result, show, label, extra)
+        _run_here(fn, tasks, on_result, show, label, extra)  # Ctrl-C raises in the episode: nothing else runs
         return
     ctx = _pool_context()
     counter = ctx.Value("q", 0)
@@ -84,25 +95,88 @@ def run_tasks(
     pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(counter,))
     try:
         # submit (which starts the workers) before the progress bar starts its refresh thread: fork with one thread
-        pending = {pool.submit(fn, *task, None, *extra): task for task in tasks}
-        with FrameProgress(len(tasks), counter, show, label) as bar:
-            while pending:
+        with _sigint_ignored():  # inherited by the workers, even through spawn's exec: none dies of an early Ctrl-C
+            pending = {pool.submit(fn, *task, None, *extra): task for task in tasks}
+        with DeferredInterrupt() as interrupt, FrameProgress(len(tasks), counter, show, label) as bar:
+            while pending and not interrupt.hit:
                 complete, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
                 for future in complete:
-                    task = pending.pop(future)
-                    try:
-                        result = future.result()
-                    except USER_ERRORS:
-                        raise  # bad input reported in a worker is still bad input: one line, no traceback
-                    except Exception as exc:
-                        raise RuntimeError(f"{label} task {task[-1]!r} failed: {exc}") from exc
+                    on_result(_result(future, pending.pop(future), label))
                     n_done += 1
-                    on_result(result)
                 bar.update(n_done)
+            if interrupt.hit:  # what finished before the Ctrl-C is kept; the rest is dropped below
+                for future in [f for f in pending if f.done() and not f.cancelled() and f.exception() is None]:
+                    on_result(future.result())
+                raise KeyboardInterrupt
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
+        _stop(pool)
         raise
     pool.shutdown()
+
+
+def check_ray(address: str | None) -> None:
+    """Refuse a `ray` engine that cannot run before a command writes anything: Ray missing, or nothing listening at
+    the cluster address (ray.init would retry for minutes)."""
+    if address is not None:
+        from drive.loop.ray_pool import probe  # Ray is an optional extra: imported only when asked for
+
+        probe(address)
+
+
+def _result(future: Future, task: tuple, label: str) -> Any:
+    try:
+        return future.result()
+    except USER_ERRORS:
+        raise  # bad input reported in a worker is still bad input: one line, no traceback
+    except Exception as exc:
+        raise RuntimeError(f"{label} task {task[-1]!r} failed: {exc}") from exc
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Drop the tasks not started and kill the workers, so nothing runs on after the caller gives up. An episode in
+    flight is lost: its shard is written atomically (a killed write leaves a temp file the next run removes)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # the stdlib has no public kill before 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.join(timeout=5)
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # signals can only be set in the main thread; None: a handler Python cannot restore
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class DeferredInterrupt:
+    """While active (in the main thread, with Python's default SIGINT handler), the first SIGINT only sets `hit`, which
+    the driver loop checks between results; a second one raises KeyboardInterrupt at once."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._previous: Any = None
+
+    def __enter__(self) -> DeferredInterrupt:
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def _run_here(fn: Callable[..., Any], tasks: list[tuple], on_result: Callable[[Any], None], show: bool, label: str,

@@ -14,11 +14,16 @@ or bad input would only fail again. Workers report frames to a counter actor, wh
 Tasks write their own outputs (collect: the episode shard, atomically): on a multi-node cluster the output folder
 must be on a filesystem every node mounts at the same path, and every node needs the same `drive` install.
 Ray is the `distributed` extra; the import happens only when a run asks for it.
+
+An address where nothing listens is refused in seconds, by a TCP connect to it before `ray.init` (which would retry
+for minutes, printing warnings). Ctrl-C stops the run as the process pool does (drive/loop/pool.py): finished
+results handed over, the tasks in flight cancelled (their workers killed), KeyboardInterrupt raised.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -30,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MAX_RETRIES = 3  # runs of a task whose worker died before the run gives up (Ray's own default)
 LOCAL_OBJECT_STORE = 128 * 2**20  # results are episode records, not frames: a small store spares a shared machine
+PROBE_SECONDS = 3.0  # a listening Ray head accepts a TCP connect in milliseconds, even across a data centre
 
 
 def _ray():
@@ -46,14 +52,42 @@ def connect(address: str, workers: int) -> bool:
     if ray.is_initialized():
         return False  # a caller (a test, a notebook) already chose the cluster: use it as it is
     quiet = {"log_to_driver": False, "logging_level": logging.ERROR, "include_dashboard": False}
+    probe(address)
     try:
         if address == "local":
             ray.init(num_cpus=workers, object_store_memory=LOCAL_OBJECT_STORE, **quiet)
         else:
             ray.init(address=address, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise UserError(f"--ray {address}: cannot reach a Ray cluster ({' '.join(str(exc).split())[:200]})") from None
+        raise _unreachable(address, exc) from None
     return True
+
+
+def _unreachable(address: str, exc: BaseException) -> UserError:
+    return UserError(f"--ray {address}: cannot reach a Ray cluster ({' '.join(str(exc).split())[:200]})")
+
+
+def probe(address: str) -> None:
+    """A UserError unless Ray is installed and, for a cluster, something accepts a TCP connection where
+    `ray.init(address)` will dial (auto: the cluster `ray start` recorded on this node, when there is one)."""
+    ray = _ray()
+    if address == "local" or ("://" in address and not address.startswith("ray://")):
+        return  # local: started here; another client protocol: Ray's own checks apply
+    target = address.removeprefix("ray://")
+    if target == address:  # a cluster (GCS) address: ray.init dials a loopback host on this node's own IP
+        try:
+            target = ray._private.services.canonicalize_bootstrap_address(address) or address
+        except (ConnectionError, ValueError) as exc:  # `auto` without a cluster, a malformed address
+            raise _unreachable(address, exc) from None
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--ray {address}: expected local, auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or type(exc).__name__
+        raise UserError(f"--ray {address}: no Ray cluster answers at {target} ({reason}); start one there with "
+                        "`ray start --head`, or run on this machine with --ray local") from None  # fmt: skip
 
 
 def _remote_task():
@@ -105,9 +139,10 @@ class _Polled:
 
 
 def run_on_ray(fn: Callable[..., Any], tasks: list[tuple], workers: int, on_result: Callable[[Any], None],
-               extra: tuple, address: str, label: str,
-               progress: Callable[[Any], AbstractContextManager]) -> None:  # fmt: skip
-    """`run_tasks` on Ray; `progress(counter)` is the driver's progress bar over a counter with `.value`."""
+               extra: tuple, address: str, label: str, progress: Callable[[Any], AbstractContextManager],
+               interrupt: Any) -> None:  # fmt: skip
+    """`run_tasks` on Ray; `progress(counter)` is the driver's progress bar over a counter with `.value`;
+    `interrupt` (drive/loop/pool.py's DeferredInterrupt), while entered, turns a first Ctrl-C into `interrupt.hit`."""
     ray = _ray()
     started = connect(address, workers)
     pending: dict[Any, tuple] = {}
@@ -117,8 +152,8 @@ def run_on_ray(fn: Callable[..., Any], tasks: list[tuple], workers: int, on_resu
         queue = list(tasks)
         n_done = 0
         counter = _Polled(frames)
-        with progress(counter) as bar:
-            while queue or pending:
+        with interrupt, progress(counter) as bar:
+            while (queue or pending) and not interrupt.hit:
                 while queue and len(pending) < workers:
                     task = queue.pop(0)
                     pending[run_one.remote(fn_ref, task, extra_ref, frames)] = task
@@ -127,6 +162,15 @@ def run_on_ray(fn: Callable[..., Any], tasks: list[tuple], workers: int, on_resu
                     on_result(_result(ray, ref, pending.pop(ref), label))
                     n_done += 1
                 bar.update(n_done)
+            if interrupt.hit:  # what finished before the Ctrl-C is kept; the tasks in flight are cancelled below
+                done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
+                for ref in done:
+                    try:
+                        result = _result(ray, ref, pending.pop(ref), label)
+                    except Exception:
+                        continue  # a task that failed as the run stopped: the interrupt is what is reported
+                    on_result(result)
+                raise KeyboardInterrupt
             counter.last = ray.get(frames.value.remote())  # the final count, not the last poll
             bar.update(n_done)
         ray.kill(frames)

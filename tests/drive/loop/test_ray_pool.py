@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from drive.loop.collect import CollectOptions, collect
 from drive.loop.evaluate import EvalOptions, evaluate
+from drive.loop.pool import run_tasks
 from drive.observe.demonstrations import recorder_for
 
 
@@ -96,3 +99,32 @@ def test_ray_evaluation_matches_the_local_run(ray_cluster):
     strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in local["episodes"]]
     assert [{k: v for k, v in r.items() if k != "wall_s"} for r in remote["episodes"]] == strip
     assert remote["mean_return"] == local["mean_return"]
+
+
+def _sleepy(i: int, pids: str, tick) -> int:
+    """Task i: note its worker's pid, finish at once (task 0) or run for a minute (the rest)."""
+    Path(pids, f"{i}.{os.getpid()}").touch()
+    time.sleep(0.1 if i == 0 else 60)
+    return i
+
+
+def test_ctrl_c_keeps_finished_results_and_cancels_the_ray_tasks(ray_cluster, tmp_path):
+    got: list[int] = []
+    sent: list[float] = []
+
+    def on_result(result: int) -> None:
+        got.append(result)
+        if result == 0:
+            sent.append(time.monotonic() + 0.5)
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks(_sleepy, [(i, str(tmp_path)) for i in range(6)], 2, on_result, show=False, ray="local")
+    assert got == [0] and time.monotonic() - sent[0] < 3.0
+    # the workers of the tasks in flight (task 0's may stay on, idle, in Ray's worker pool)
+    pids = {int(p.name.split(".")[1]) for p in tmp_path.iterdir() if not p.name.startswith("0.")}
+    deadline = time.monotonic() + 5.0
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids), "Ray tasks kept running after Ctrl-C"
+    assert len(list(tmp_path.iterdir())) <= 3  # task 0 and the two in flight: nothing started after Ctrl-C

@@ -1,0 +1,99 @@
+"""run_tasks under Ctrl-C (finished results kept, workers gone at once) and an unreachable `--ray` address (one line,
+in seconds, nothing written)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from drive.cli import main
+from drive.loop.pool import DeferredInterrupt, run_tasks
+
+
+def _sleepy(i: int, pids: str, tick) -> int:
+    """Task i: note this worker's pid, finish at once (task 0) or run for a minute (the rest)."""
+    Path(pids, f"{i}.{os.getpid()}").touch()
+    time.sleep(0.1 if i == 0 else 60)
+    return i
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status  # a zombie has stopped running; only its exit status waits for its parent
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker states from /proc")
+def test_ctrl_c_keeps_finished_results_and_stops_the_workers_at_once(tmp_path):
+    got: list[int] = []
+    sent: list[float] = []
+
+    def on_result(result: int) -> None:
+        got.append(result)
+        if result == 0:  # Ctrl-C (to this process only) while the other tasks run
+            sent.append(time.monotonic() + 0.5)
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tasks(_sleepy, [(i, str(tmp_path)) for i in range(6)], 2, on_result, show=False)
+    stopped = time.monotonic() - sent[0]
+    assert got == [0] and stopped < 2.0, (got, stopped)
+    pids = {int(p.name.split(".")[1]) for p in tmp_path.iterdir()}
+    deadline = time.monotonic() + 2.0
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, pids)), "workers kept running after Ctrl-C"
+    assert len(list(tmp_path.iterdir())) <= 3, "tasks started after Ctrl-C"  # task 0 and the two in flight
+
+
+def test_a_first_sigint_is_noted_and_a_second_raises():
+    with DeferredInterrupt() as interrupt:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs at the next bytecode boundary
+        assert interrupt.hit
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once it is closed
+
+
+def _ray():
+    ray = pytest.importorskip("ray", reason="ray is not installed (the `distributed` extra)")
+    if ray.is_initialized():
+        pytest.skip("a Ray instance of another test is up: its node address would replace the loopback one")
+    return ray
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_unreachable_ray_address_is_one_line_in_seconds(tmp_path, capsys, monkeypatch, scheme):
+    ray = _ray()
+    # ray.init dials a loopback host on this node's own IP; Ray's no-cluster mode keeps it loopback for the test
+    monkeypatch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)
+    port = _closed_port()
+    address = f"{scheme}127.0.0.1:{port}"
+    assert ray._private.services.canonicalize_bootstrap_address(f"127.0.0.1:{port}") == f"127.0.0.1:{port}"
+    start = time.monotonic()
+    code = main(["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0-1", "--ray", address,
+                 "--no-progress", "--out", str(tmp_path / "d")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and time.monotonic() - start < 10
+    assert err == [
+        f"drive collect: error: --ray {address}: no Ray cluster answers at 127.0.0.1:{port} (Connection"
+        " refused); start one there with `ray start --head`, or run on this machine with --ray local"
+    ]
+    assert not (tmp_path / "d").exists()  # refused before anything is written
+    assert not ray.is_initialized()
