@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from datasets.demonstrations import Demonstrations
+from datasets.root import portable
 from drive.errors import UserError
 
 
@@ -65,8 +66,8 @@ def export_minari(data: Path, out: Path, dataset_id: str) -> Path:
             dataset_id, buffers, observation_space=observation_space, action_space=action_space,
             algorithm_name=f"drive collect (expert {demos.settings['expert']}, "
                            f"DART noise {demos.settings['action_noise']})",
-            description=f"drive demonstrations from {Path(data).resolve()}: frame stacks of {k} coded frames "
-                        f"({demos.frame_coding}); infos['label'] is the clean expert action",
+            description=f"drive demonstrations from {portable(str(Path(data).resolve()))}: frame stacks of {k} coded "
+                        f"frames ({demos.frame_coding}); infos['label'] is the clean expert action",
             data_format="arrow",
         )  # fmt: skip
     except ValueError as exc:

@@ -43,6 +43,7 @@ from datasets.demonstrations import (
 )
 from datasets.files import clean_temp
 from datasets.frames import LEGACY_CODING
+from datasets.root import portable
 from drive.errors import UserError
 from drive.loop.collect import intact, lock
 from drive.loop.envs import make_env
@@ -138,7 +139,9 @@ def validate(opts: DaggerOptions) -> tuple[dict[str, Any], list[int]]:
 
 
 def _plan(opts: DaggerOptions, seeds: list[int], threshold: float | None) -> dict[str, Any]:
-    return {"source": str(Path(opts.data).resolve()), "ckpt": str(Path(opts.ckpt).resolve()), "expert": opts.expert,
+    # paths relative to the working directory: the dataset names no folder of the machine that made it
+    return {"source": portable(str(Path(opts.data).resolve())), "ckpt": portable(str(Path(opts.ckpt).resolve())),
+            "expert": opts.expert,
             "beta": opts.beta, "seeds": seeds, "query_quantile": opts.query_quantile, "query_threshold": threshold,
             "samples": opts.samples, "seed": opts.seed, "max_episode_steps": opts.max_episode_steps,
             "env": opts.env}  # fmt: skip
