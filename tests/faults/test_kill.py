@@ -57,12 +57,17 @@ COLLECT = ["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0
            "--action-noise", "0.1", "--min-return", "-1000", "--workers", "2", "--no-progress", "--out"]  # fmt: skip
 
 
-def test_collection_killed_at_random_moments(tmp_path, tally):
+# one kill point by default (100 s -> ~35 s of the default suite on 2 cores); all three with `pytest -m slow`
+KILL_POINTS = pytest.mark.parametrize("n_points", [1, pytest.param(3, marks=pytest.mark.slow)], ids=["one", "three"])
+
+
+@KILL_POINTS
+def test_collection_killed_at_random_moments(tmp_path, tally, n_points):
     reference = tmp_path / "reference"
     _run([*COLLECT, str(reference)], tmp_path)
     expected = {e["seed"]: e["sha256"] for e in Demonstrations(reference).episodes}
     rng = random.Random(7)
-    for point in range(3):
+    for point in range(n_points):
         out = tmp_path / f"killed{point}"
         _kill_rounds([*COLLECT, str(out)], tmp_path, rng, 3, (2.5, 6.0), tally)  # several kills, then it may finish
         _run([*COLLECT, str(out)], tmp_path)
@@ -124,7 +129,8 @@ def _tiny_clone(path) -> None:
     checkpoint.save(path, kind="controller", name="nsac", config=config_to_dict(cfg), module=cfg.build())
 
 
-def test_dagger_killed_at_random_moments(tmp_path, tally):
+@KILL_POINTS
+def test_dagger_killed_at_random_moments(tmp_path, tally, n_points):
     demos, clone = tmp_path / "demos", tmp_path / "clone.pt"
     _run([*COLLECT[: COLLECT.index("--seeds") + 1], "0-1", *COLLECT[COLLECT.index("--seeds") + 2 :], str(demos)],
          tmp_path)  # fmt: skip
@@ -135,7 +141,7 @@ def test_dagger_killed_at_random_moments(tmp_path, tally):
     _run([*dagger, str(reference)], tmp_path)
     expected = {e["seed"]: e["sha256"] for e in Demonstrations(reference).episodes}
     rng = random.Random(13)
-    for point in range(2):
+    for point in range(n_points):
         out = tmp_path / f"killed{point}"
         for _ in range(2):
             _kill_rounds([*dagger, str(out)], tmp_path, rng, 1, (3.0, 7.0), tally)
