@@ -33,7 +33,7 @@ from sim_bridges.udacity_protocol import (
 from sim_bridges.udacity_transport import SERVERS, TransportError, import_eventlet, make_transport
 
 log = logging.getLogger(__name__)
-DEFAULT_SERVER = "threading"  # measured with `drive bench udacity --server both`: see the README
+DEFAULT_SERVER = "threading"  # measured with `drive bench udacity --server both`: see docs/udacity.md
 
 
 @dataclass

@@ -21,7 +21,7 @@ test PIT values (native and temperature-scaled) and the curve for pooled plots.
 Cost (wall-clock, one thread): SA's adaptation is its BO search (study.cost.adaptation_s); a baseline's is its
 training, metrics.json fit.train_seconds (the plain model's training is the backbone every method pays for).
 
-Departures and sizes (CPU budget: 2 cores shared by several engineers; measured in the README section of issue 14):
+Departures and sizes (CPU budget: 2 cores shared by several engineers; measured in docs/sa_study.md):
 - d_token 64 and 4 heads instead of FT-Transformer's default 192 / 8 (3 blocks kept): 4x cheaper per training row
   on one thread (kin8nm: 0.9 s against 3.7 s an epoch; concrete split 0, nRMSE 0.30-0.32 at d 64 and 0.31 at 192);
   MultiSWAG with 3 models (the paper's 10: with the whole budget each, 5 took 550 s of energy's 1550 s a split);
