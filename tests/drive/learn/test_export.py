@@ -23,7 +23,8 @@ def _require(module: str):
     try:
         return __import__(module)
     except ImportError:
-        msg = f"{module} is not installed (the `export` extra: onnx==1.23.2 onnxruntime==1.32.0 onnxscript==0.7.2)"
+        extra = "minari" if module == "minari" else "export"
+        msg = f"{module} is not installed (pip install -c constraints.txt -e '.[{extra}]')"
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
