@@ -102,7 +102,7 @@ def controller_help() -> str:
 
 
 def trainer_help() -> str:
-    keys = [f for f in fields.dataclass_fields("drive.learn.trainer", "TrainerConfig") if f.name not in FLAGGED]
+    keys = [f for f in fields.dataclass_fields("drive.learn.options", "TrainerConfig") if f.name not in FLAGGED]
     title = f"trainer keys (--set trainer.KEY=VALUE; {', '.join(FLAGGED)}: the options above):"
     return "\n".join([title, *fields.help_lines(keys, "trainer.")])
 

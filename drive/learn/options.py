@@ -1,14 +1,23 @@
-"""Option dataclasses of the learning commands that run outside `drive train` (the PPO expert, inference-time
-stochastic attention), kept apart from the code that runs them so that `drive expert train --help` and `drive sa
-calibrate --help` load no torch (drive/cli.py).
+"""Option dataclasses of the learning commands (the trainer's config, the PPO expert, inference-time stochastic
+attention), kept apart from the code that runs them so that their `--help` loads no torch (drive/cli.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from drive.options import IntRange, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
+from agents.checks import at_least, in_range, one_of, positive
+from drive.options import (
+    MAX_WORKERS,
+    IntRange,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Probability,
+)
 
 
 @dataclass(frozen=True)
@@ -84,3 +93,51 @@ class SAOptions:
     """inputs per encoder batch and per SA forward chunk (bounds memory)"""
     progress: bool = True
     """show a progress bar over the Bayesian-optimisation evaluations"""
+
+
+SELECT = ("val_nll", "val_mse")  # the validation score that picks best.pt and stops early
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    LABEL: ClassVar[str] = "trainer"  # errors name fields as `--set trainer.KEY` does
+
+    epochs: int = 20
+    """maximum number of epochs"""
+    batch_size: int = 128
+    """minibatch size"""
+    lr: float = 1e-3
+    """AdamW learning rate"""
+    weight_decay: float = 1e-4
+    """AdamW weight decay"""
+    schedule: str = "cosine"
+    """learning-rate schedule: cosine (anneal to 0 over `epochs`, per step) or constant"""
+    grad_clip: float = 1.0
+    """clip the global gradient norm to this value (0 disables)"""
+    patience: int = 10
+    """stop after this many epochs without a better `select` score (0 disables early stopping)"""
+    select: str = "val_nll"
+    """the validation score best.pt and early stopping follow: val_nll (predictive Gaussian NLL) or val_mse (the
+    mean's squared error: where held-out NLL rises with confidence while the mean still improves)"""
+    seed: int = 0
+    """seed for batch order, the model's sampling and validation draws"""
+    val_samples: int = 0
+    """stochastic samples per validation prediction (0: the controller's default)"""
+    device: str = "cpu"
+    """torch device (cpu, cuda)"""
+    num_workers: int = 0
+    """DataLoader worker processes for datasets without a `tensors` fast path"""
+    resume: bool = False
+    """continue from run_dir/resume.pt"""
+    progress: bool = True
+    """show a progress bar"""
+    tensorboard: bool = True
+    """write TensorBoard scalars to run_dir/tb"""
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "epochs", "batch_size")
+        positive(self, "lr")
+        at_least(self, 0, "weight_decay", "grad_clip", "patience", "seed", "val_samples")
+        in_range(self, "num_workers", 0, MAX_WORKERS)
+        one_of(self, "schedule", ("cosine", "constant"))
+        one_of(self, "select", SELECT)

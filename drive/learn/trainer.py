@@ -27,65 +27,19 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
 
-from agents.checks import at_least, in_range, one_of, positive
 from datasets.files import atomic_write
 from drive import checkpoint, metrics
 from drive.errors import UserError
 from drive.learn import distributed, rng
 from drive.learn.batches import epoch_generator, fit_target_stats, iterate_batches, n_batches, predict_dataset
-from drive.options import MAX_WORKERS
+from drive.learn.options import SELECT, TrainerConfig  # noqa: F401 - SELECT, TrainerConfig: imported from here too
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    LABEL: ClassVar[str] = "trainer"  # errors name fields as `--set trainer.KEY` does
-
-    epochs: int = 20
-    """maximum number of epochs"""
-    batch_size: int = 128
-    """minibatch size"""
-    lr: float = 1e-3
-    """AdamW learning rate"""
-    weight_decay: float = 1e-4
-    """AdamW weight decay"""
-    schedule: str = "cosine"
-    """learning-rate schedule: cosine (anneal to 0 over `epochs`, per step) or constant"""
-    grad_clip: float = 1.0
-    """clip the global gradient norm to this value (0 disables)"""
-    patience: int = 10
-    """stop after this many epochs without a better `select` score (0 disables early stopping)"""
-    select: str = "val_nll"
-    """the validation score best.pt and early stopping follow: val_nll (predictive Gaussian NLL) or val_mse (the
-    mean's squared error: where held-out NLL rises with confidence while the mean still improves)"""
-    seed: int = 0
-    """seed for batch order, the model's sampling and validation draws"""
-    val_samples: int = 0
-    """stochastic samples per validation prediction (0: the controller's default)"""
-    device: str = "cpu"
-    """torch device (cpu, cuda)"""
-    num_workers: int = 0
-    """DataLoader worker processes for datasets without a `tensors` fast path"""
-    resume: bool = False
-    """continue from run_dir/resume.pt"""
-    progress: bool = True
-    """show a progress bar"""
-    tensorboard: bool = True
-    """write TensorBoard scalars to run_dir/tb"""
-
-    def __post_init__(self) -> None:
-        at_least(self, 1, "epochs", "batch_size")
-        positive(self, "lr")
-        at_least(self, 0, "weight_decay", "grad_clip", "patience", "seed", "val_samples")
-        in_range(self, "num_workers", 0, MAX_WORKERS)
-        one_of(self, "schedule", ("cosine", "constant"))
-        one_of(self, "select", SELECT)
 
 
 @dataclass(frozen=True)
@@ -166,12 +120,7 @@ def _start(run_dir: Path, model, train, cfg: TrainerConfig, info: CheckpointInfo
     return _State()
 
 
-SELECT = ("val_nll", "val_mse")
-
-
 def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info: CheckpointInfo) -> FitResult:
-    if cfg.select not in SELECT:
-        raise UserError(f"trainer.select must be one of {', '.join(SELECT)}, got {cfg.select!r}")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     best_path, last_path = run_dir / "best.pt", run_dir / "last.pt"

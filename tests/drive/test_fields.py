@@ -17,7 +17,7 @@ from drive.learn import tasks
 
 CLASSES = [*((c.__module__, c.__name__) for c in CONTROLLERS.values()),
            *((path, "Options") for path in tasks.TASKS.values()),
-           ("drive.learn.trainer", "TrainerConfig"), ("agents.encoders", "EncoderConfig")]  # fmt: skip
+           ("drive.learn.options", "TrainerConfig"), ("agents.encoders", "EncoderConfig")]  # fmt: skip
 
 
 def _docs(cls: type) -> dict[str, str]:
