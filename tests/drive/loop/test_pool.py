@@ -73,8 +73,8 @@ def _closed_port() -> int:
 
 def _ray():
     ray = pytest.importorskip("ray", reason="ray is not installed (the `distributed` extra)")
-    if ray.is_initialized():
-        pytest.skip("a Ray instance of another test is up: its node address would replace the loopback one")
+    if ray.is_initialized():  # one an earlier test left up would lend its node address instead of the loopback one
+        ray.shutdown()
     return ray
 
 
