@@ -58,6 +58,8 @@ class Member(nn.Module):
 
 
 class DeepEnsemble(Controller):
+    lane_sampling = True  # agents/lanes.py
+
     def __init__(self, cfg: EnsembleConfig):
         super().__init__(cfg.out_dim)
         if cfg.n_members < 1:

@@ -175,6 +175,7 @@ class NSACConfig:
 
 
 class NSAC(Controller):
+    lane_sampling = True  # agents/lanes.py
     default_samples = 32
     internal_batch_axes: ClassVar[dict[str, int]] = {"attention": 1}
     internal_head_axes: ClassVar[dict[str, int]] = {

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from agents.base import Controller, gaussian_nll
 from agents.checks import at_least, heads_divide, positive
 from agents.encoders import EncoderConfig
+from agents.lanes import lane_noise
 from agents.layers.attention import AttentionBackbone, GaussianHead
 
 
@@ -69,6 +70,7 @@ class SDENetConfig:
 
 
 class SDENet(Controller):
+    lane_sampling = True  # agents/lanes.py
     sa_refusal = (
         "SDE-Net integrates a stochastic differential equation in every pass "
         "(its noise would be counted as SA dispersion)"
@@ -95,7 +97,7 @@ class SDENet(Controller):
         h = h0.unsqueeze(0).expand(n_paths, *h0.shape)  # (S, B, d)
         for k in range(self.cfg.n_steps):
             t = torch.full((*h.shape[:-1], 1), k * dt, device=h.device, dtype=h.dtype)
-            eps = torch.randn(h.shape, generator=generator, device=h.device, dtype=h.dtype)
+            eps = lane_noise(h.shape, generator, 1, dtype=h.dtype, device=h.device)  # (S, B, d)
             h = h + self.drift(torch.cat([h, t], -1)) * dt + g * math.sqrt(dt) * eps
         return h
 

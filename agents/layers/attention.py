@@ -19,13 +19,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.encoders import EncoderConfig, build_encoder
+from agents.lanes import LaneGenerators, lane_noise
 
 
 def dropout(x: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:
     """Inverted dropout whose mask comes from `generator` (always active: the method's randomness)."""
     if p <= 0:
         return x
-    keep = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) >= p
+    if isinstance(generator, LaneGenerators):  # rows are (sample, lane) pairs, lane fastest (agents/mc_dropout.py)
+        shape = (x.shape[0] // len(generator), len(generator), *x.shape[1:])
+        u = lane_noise(shape, generator, 1, "uniform", x.dtype, x.device).reshape(x.shape)
+    else:
+        u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    keep = u >= p
     return x * keep / (1 - p)
 
 

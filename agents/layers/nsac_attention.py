@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from ncps.wirings import NCP, AutoNCP
 from torch import Tensor, nn
 
+from agents.lanes import lane_noise
 from agents.layers.nsac_kernels import MixKeys, PairGates, top_k_indices
 
 
@@ -200,8 +201,7 @@ class NSACAttention(nn.Module):
 
     def sample_logits(self, mu: Tensor, var: Tensor, n_samples: int, generator: torch.Generator | None) -> Tensor:
         """a = mu + noise_scale sigma eps, eps ~ N(0, 1) iid. mu, var (B, H, ..) -> (B, H, S, ..), S in one draw."""
-        eps = torch.empty((*mu.shape[:2], n_samples, *mu.shape[2:]), dtype=mu.dtype, device=mu.device)
-        eps.normal_(generator=generator)
+        eps = lane_noise((*mu.shape[:2], n_samples, *mu.shape[2:]), generator, 0, dtype=mu.dtype, device=mu.device)
         std = (var.sqrt() * self.noise_scale).unsqueeze(2)
         if torch.is_grad_enabled() and (mu.requires_grad or var.requires_grad):
             return torch.addcmul(mu.unsqueeze(2), std, eps)

@@ -74,8 +74,15 @@ class MixedPolicy:
         self.clone.reset(seed)
         self._rng = np.random.default_rng([self.seed, 0 if seed is None else int(seed)])
 
+    @property
+    def lane_inner(self) -> ControllerPolicy:
+        return self.clone
+
     def act(self, obs: Any, info: Any) -> PolicyOutput:
-        out = self.clone.act(obs, info)
+        return self.wrap(self.clone.act(obs, info))
+
+    def wrap(self, out: PolicyOutput) -> PolicyOutput:
+        """The clone's step -> the executed one (the expert's with probability beta) and its label."""
         assert out.expert is not None
         expert = np.asarray(out.expert, np.float32)
         use_expert = self._rng.random() < self.beta

@@ -28,9 +28,9 @@ from drive.loop.failures import FailureMonitor, failure_report, nominal_threshol
 from drive.loop.fallback import FallbackConfig
 from drive.loop.options import EvalOptions
 from drive.loop.perturb import perturbed_env
-from drive.loop.policies import aggregate
+from drive.loop.policies import act_lanes, aggregate, lane_copies
 from drive.loop.pool import Ticker, run_tasks
-from drive.loop.rollout import Observer, rollout
+from drive.loop.rollout import EpisodeResult, Lane, Observer, run_lanes
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import default_shadow, make_policy, parse_policy_spec
 from drive.loop.thresholds import fallback_for_command
@@ -39,25 +39,44 @@ from sim_bridges.carracing import IDX
 ObserverFactory = Callable[[gym.Env, str], Observer]
 
 
-_CACHE: dict[tuple, tuple] = {}  # per process: (spec, settings) -> (policy, env, observers), built once per worker
+_CACHE: dict[tuple, list[Lane]] = {}  # per process: (spec, settings, K) -> the K lanes, built once per worker
 
 
-def evaluate_episode(spec: str, settings: Mapping[str, Any], seed: int, tick: Callable[[int], None] | None = None,
-                     observers: ObserverFactory | None = None) -> dict[str, Any]:  # fmt: skip
-    key = (spec, tuple(sorted(settings.items())), observers is not None)
+def _lanes(spec: str, settings: Mapping[str, Any], k: int, observers: ObserverFactory | None) -> list[Lane]:
+    key = (spec, tuple(sorted(settings.items())), k, observers is not None)
     if key not in _CACHE:
         _CACHE.clear()
         policy = make_policy(spec, settings["env"], **dict(settings.get("policy_options", ())))
-        env = make_env(settings["env"], pixels=bool(getattr(policy, "needs_pixels", True)),
-                       max_episode_steps=settings["max_episode_steps"])  # fmt: skip
-        env = perturbed_env(env, parse_perturbation(settings["perturb"]) if settings.get("perturb") else None)
-        monitor = [FailureMonitor(IDX["heading_error"])] if settings.get("failures") else []
-        _CACHE[key] = (policy, env, [observers(env, spec)] if observers is not None else [], monitor)
-    policy, env, built, monitor = _CACHE[key]
+        lanes = []
+        for lane_policy in lane_copies(policy, k):  # one model, K episode states
+            env = make_env(settings["env"], pixels=bool(getattr(policy, "needs_pixels", True)),
+                           max_episode_steps=settings["max_episode_steps"])  # fmt: skip
+            env = perturbed_env(env, parse_perturbation(settings["perturb"]) if settings.get("perturb") else None)
+            built = [observers(env, spec)] if observers is not None else []
+            monitor = [FailureMonitor(IDX["heading_error"])] if settings.get("failures") else []
+            lanes.append(Lane(env, lane_policy, [*built, *monitor]))
+        _CACHE[key] = lanes
+    return _CACHE[key]
+
+
+def evaluate_episodes(spec: str, settings: Mapping[str, Any], seeds: Sequence[int],
+                      tick: Callable[[int], None] | None = None,
+                      observers: ObserverFactory | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One record per seed, in seed order, driven len(seeds) cars at once (one process, one controller call per
+    step for all of them: drive/loop/rollout.py `run_lanes`)."""
+    lanes = _lanes(spec, settings, len(seeds), observers)
+    ticker = Ticker(tick)
+    runs = [Lane(lane.env, lane.policy, [ticker, *lane.observers]) for lane in lanes]
     start = time.perf_counter()
-    [result] = rollout(env, policy, seeds=[seed], on_step=[Ticker(tick), *built, *monitor])
-    traces = monitor[0].episode() if monitor else {}
-    return {**result.to_dict(), **traces, "wall_s": time.perf_counter() - start}
+    records: dict[int, dict[str, Any]] = {}
+
+    def finished(j: int, result: EpisodeResult) -> None:
+        monitor = [o for o in lanes[j].observers if isinstance(o, FailureMonitor)]
+        traces = monitor[0].episode() if monitor else {}
+        records[result.seed] = {**result.to_dict(), **traces, "wall_s": time.perf_counter() - start}
+
+    run_lanes(runs, list(seeds), act_lanes, finished)
+    return [records[seed] for seed in seeds]
 
 
 def summarise_returns(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -78,8 +97,9 @@ def summarise_returns(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _episodes(opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, Any], label: str,
               observers: ObserverFactory | None) -> list[dict[str, Any]]:  # fmt: skip
     records: list[dict[str, Any]] = []
-    tasks = [(opts.policy, settings, seed) for seed in seeds]
-    run_tasks(evaluate_episode, tasks, opts.workers, records.append, show=opts.progress, label=label,
+    k = opts.envs
+    tasks = [(opts.policy, settings, tuple(seeds[i : i + k])) for i in range(0, len(seeds), k)]
+    run_tasks(evaluate_episodes, tasks, opts.workers, records.extend, show=opts.progress, label=label,
               extra=(observers,) if observers is not None else (), ray=opts.ray)  # fmt: skip
     return sorted(records, key=lambda r: r["seed"])
 

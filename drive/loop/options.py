@@ -101,6 +101,9 @@ class EvalOptions:
     domain_randomize); the shadow expert still acts on the privileged state"""
     failure_horizon: NonNegativeInt = 25
     """ckpt on carracing: failure prediction, AUROC of an event within this many steps (0: off; loop/failures.py)"""
+    envs: PositiveInt = 1
+    """cars driven at once in each process (lanes): the controller answers all of them in one call per step; an
+    episode's record does not depend on it (drive/loop/rollout.py `run_lanes`)"""
 
 
 @dataclass(frozen=True)

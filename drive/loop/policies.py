@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from agents.lanes import MIN_ROWS, LaneGenerators
 from datasets.frames import ObservationCoder
 from drive.loop.fallback import FallbackGate
 from drive.loop.rollout import GateStep, Internals, PolicyOutput, StepPrediction
@@ -73,8 +75,15 @@ class NoisyPolicy:
         self.policy.reset(seed=seed)
         self._rng = np.random.default_rng([self.noise_seed, 0 if seed is None else int(seed)])
 
+    @property
+    def lane_inner(self) -> Any:
+        return self.policy
+
     def act(self, obs: Any, info: Mapping[str, Any]) -> PolicyOutput:
-        out = self.policy.act(obs, info)
+        return self.wrap(self.policy.act(obs, info))
+
+    def wrap(self, out: np.ndarray | PolicyOutput) -> PolicyOutput:
+        """The inner policy's step -> this one's (noise added to the executed action)."""
         inner = out if isinstance(out, PolicyOutput) else PolicyOutput(np.asarray(out, np.float32))
         clean = np.clip(np.asarray(inner.action, np.float32), self.low, self.high)
         noise = self.std * self._rng.standard_normal(clean.shape).astype(np.float32) if self.std else 0.0
@@ -83,14 +92,18 @@ class NoisyPolicy:
                             inner.latency_ms, inner.gate, inner.frame)  # fmt: skip
 
 
-def _internals(model: torch.nn.Module) -> Internals | None:
-    """The controller's internals of a batch-1 forward, batch axis dropped, with the head axes it declares."""
+def _internals(model: torch.nn.Module, lanes: int) -> list[Internals | None]:
+    """The controller's internals of the last forward, one per lane (its row, batch axis dropped; a batch axis of
+    size 1 is shared by all lanes), with the head axes it declares."""
     values = model.internals()  # type: ignore[operator]
     if not values:
-        return None
+        return [None] * lanes
     batch_axes = getattr(model, "internal_batch_axes", {})
-    out = {name: np.take(v.detach().cpu().numpy(), 0, axis=batch_axes.get(name, 0)) for name, v in values.items()}
-    return Internals(out, dict(getattr(model, "internal_head_axes", {})), tuple(getattr(model, "internal_indices", ())))
+    heads, indices = dict(getattr(model, "internal_head_axes", {})), tuple(getattr(model, "internal_indices", ()))
+    arrays = {name: (v.detach().cpu().numpy(), batch_axes.get(name, 0)) for name, v in values.items()}
+    rows = [{name: np.take(a, b if a.shape[axis] > 1 else 0, axis=axis) for name, (a, axis) in arrays.items()}
+            for b in range(lanes)]  # fmt: skip
+    return [Internals(row, heads, indices) for row in rows]
 
 
 class ControllerPolicy:
@@ -129,20 +142,16 @@ class ControllerPolicy:
             out.update(self.gate.summary())
         return out
 
-    @torch.inference_mode()
     def predict(self, frame: np.ndarray) -> tuple[StepPrediction, Internals | None, float]:
         """One raw (96, 96, 3) frame -> the step's prediction (3,) each, the internals, the latency in ms."""
-        t0 = time.perf_counter()
-        x = self.coder(frame)  # (1, k, 84, 84)
-        # `predict`, not total_variance(moments): the same for sampled methods, and the closed form where a method
-        # has one (DER: mean gamma, E[sigma^2], E[sigma^2] / nu; one moments() draw would act on a sampled mean)
-        pred = self.model.predict(x, self.n_samples, self.generator)  # type: ignore[operator]  # (1, D) each
-        latency_ms = (time.perf_counter() - t0) * 1e3
-        step = StepPrediction(pred.mean[0].numpy(), pred.aleatoric_var[0].numpy(), pred.epistemic_var[0].numpy())
-        return step, _internals(self.model), latency_ms
+        return predict_lanes([self], [frame])[0]
 
     def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> PolicyOutput:
-        pred, internals, latency_ms = self.predict(obs)
+        return self.decide(*self.predict(obs), info)
+
+    def decide(self, pred: StepPrediction, internals: Internals | None, latency_ms: float,
+               info: Mapping[str, Any]) -> PolicyOutput:  # fmt: skip
+        """The step after the controller call: the action, the shadow expert, the on-policy stats, the gate."""
         action = np.clip(pred.mean, ACTION_LOW, ACTION_HIGH).astype(np.float32)
         expert = None
         if self.shadow is not None:
@@ -159,6 +168,82 @@ class ControllerPolicy:
                 source = "expert" if self.gate.cfg.mode == "expert" else "slow"
             gate = GateStep(source if engaged else "controller", value, self.gate.threshold, self.gate.cfg.signal)
         return PolicyOutput(executed, action, source, pred, internals, expert, latency_ms, gate, self.coder.last_frame)
+
+
+_SPARE = torch.Generator()  # draws of the rows that only pad a batch to MIN_ROWS (discarded)
+
+
+@torch.inference_mode()
+def predict_lanes(lanes: Sequence[ControllerPolicy], frames: Sequence[np.ndarray]
+                  ) -> list[tuple[StepPrediction, Internals | None, float]]:  # fmt: skip
+    """One controller call for the lanes' raw (96, 96, 3) frames (one lane per policy, all sharing one model and
+    sample count): per lane its prediction, internals and the call's latency in ms (what each car waited).
+
+    The batch is padded to `MIN_ROWS` and each lane samples from its own generator (agents/lanes.py), so a lane's
+    prediction is the same whichever lanes share the call: one car and sixteen drive the same episode.
+    """
+    model, n_samples = lanes[0].model, lanes[0].n_samples
+    if any(p.model is not model or p.n_samples != n_samples for p in lanes):
+        raise ValueError("predict_lanes: every lane must share one model and sample count")
+    if not getattr(model, "lane_sampling", False) and len(lanes) > 1:
+        return [out for p, f in zip(lanes, frames, strict=True) for out in predict_lanes([p], [f])]
+    t0 = time.perf_counter()
+    x = torch.cat([p.coder(f) for p, f in zip(lanes, frames, strict=True)])  # (K, k, 84, 84)
+    k = len(lanes)
+    generator: torch.Generator = lanes[0].generator
+    if getattr(model, "lane_sampling", False):
+        pad = max(0, MIN_ROWS - k)
+        x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])]) if pad else x  # (max(K, MIN_ROWS), k, 84, 84)
+        generator = LaneGenerators([p.generator for p in lanes] + [_SPARE] * pad)
+    # `predict`, not total_variance(moments): the same for sampled methods, and the closed form where a method
+    # has one (DER: mean gamma, E[sigma^2], E[sigma^2] / nu; one moments() draw would act on a sampled mean)
+    pred = model.predict(x, n_samples, generator)  # type: ignore[operator]  # (K', D) each
+    latency_ms = (time.perf_counter() - t0) * 1e3
+    mean, alea, epi = (v[:k].numpy() for v in pred)  # (K, D) each
+    internals = _internals(model, x.shape[0])[:k]
+    return [(StepPrediction(mean[b], alea[b], epi[b]), internals[b], latency_ms) for b in range(k)]
+
+
+def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """Each lane's step, with one controller call for all lanes whose policy is (or wraps, through `lane_inner`) a
+    `ControllerPolicy` of one shared model: what each lane's `act` would return alone (`predict_lanes`)."""
+    chains = []
+    for policy in policies:
+        chain = [policy]
+        while hasattr(chain[-1], "lane_inner"):
+            chain.append(chain[-1].lane_inner)
+        chains.append(chain)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, chain in enumerate(chains):
+        if isinstance(chain[-1], ControllerPolicy):
+            groups.setdefault((id(chain[-1].model), chain[-1].n_samples), []).append(i)
+    outs: list[Any] = [None] * len(policies)
+    for members in groups.values():
+        roots = [chains[i][-1] for i in members]
+        for i, root, pred in zip(members, roots, predict_lanes(roots, [obs[i] for i in members]), strict=True):
+            out = root.decide(*pred, infos[i])
+            for wrapper in reversed(chains[i][:-1]):
+                out = wrapper.wrap(out)
+            outs[i] = out
+    return [out if out is not None else p.act(o, info) for out, p, o, info in zip(outs, policies, obs, infos,
+                                                                                   strict=True)]  # fmt: skip
+
+
+def lane_copies(policy: Any, k: int) -> list[Any]:
+    """`policy` and k - 1 independent copies of it (episode state, generators, gate) sharing its torch modules: the
+    lanes of one process (drive/loop/rollout.py `run_lanes`), whose controller calls `act_lanes` batches."""
+    shared: dict[int, Any] = {}
+    stack, seen = [policy], set()
+    while stack:  # every torch module reachable through attributes is shared, not copied
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            shared[id(obj)] = obj
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            stack.extend(vars(obj).values())
+    return [policy] + [copy.deepcopy(policy, dict(shared)) for _ in range(k - 1)]
 
 
 class OnPolicyStats:

@@ -191,48 +191,117 @@ def rollout(
     `seeds` defaults to 0..n_episodes-1; with both given, the first n_episodes seeds run.
     """
     observers: list[Observer] = [] if on_step is None else [on_step] if callable(on_step) else list(on_step)
-    return [
-        _episode(env, policy, episode, seed, observers) for episode, seed in enumerate(_seed_list(n_episodes, seeds))
-    ]
+    return run_lanes([Lane(env, policy, observers)], _seed_list(n_episodes, seeds))
 
 
-def _episode(env: gym.Env, policy: Policy, episode: int, seed: int, observers: list[Observer]) -> EpisodeResult:
+@dataclass
+class Lane:
+    """One car of `run_lanes`: its env, its policy (episode state of its own) and its observers."""
+
+    env: gym.Env
+    policy: Policy
+    observers: Sequence[Observer] = ()
+
+
+def _act_each(policies: Sequence[Policy], obs: Sequence[Any], infos: Sequence[Mapping[str, Any]]) -> list[Any]:
+    return [p.act(o, i) for p, o, i in zip(policies, obs, infos, strict=True)]
+
+
+@dataclass
+class _Running:
+    """A lane's episode in progress."""
+
+    episode: int
+    seed: int
+    obs: Any
+    info: Mapping[str, Any]
+    was_off: bool
+    total: float = 0.0
+    off_events: int = 0
+    t: int = 0
+    terminated: bool = False
+    truncated: bool = False
+
+
+def run_lanes(
+    lanes: Sequence[Lane],
+    seeds: Sequence[int],
+    act: Callable[[Sequence[Policy], Sequence[Any], Sequence[Mapping[str, Any]]], list[Any]] = _act_each,
+    on_episode: Callable[[int, EpisodeResult], None] | None = None,
+) -> list[EpisodeResult]:
+    """One episode per seed on K lanes at once: each lane takes the next seed when its episode ends, and every step
+    `act` answers all running lanes together (drive/loop/policies.py `act_lanes`: one controller call). Each lane
+    steps its own env, policy and observers exactly as a one-lane run would, so an episode's result depends on its
+    seed, not on K. `on_episode(lane index, result)` runs as each episode ends (before that lane starts the next);
+    the return value is in seed order."""
+    queue = list(enumerate(seeds))[::-1]
+    results: dict[int, EpisodeResult] = {}
+    running: list[_Running | None] = [None] * len(lanes)
+
+    def start(j: int) -> None:
+        if not queue:
+            running[j] = None
+            return
+        episode, seed = queue.pop()
+        lanes[j].policy.reset(seed=seed)
+        obs, info = lanes[j].env.reset(seed=seed)
+        running[j] = _Running(episode, seed, obs, info, bool(info.get("off_track", False)))
+
+    for j in range(len(lanes)):
+        start(j)
+    while any(r is not None for r in running):
+        active = [j for j, r in enumerate(running) if r is not None]
+        states = [running[j] for j in active]
+        outs = act([lanes[j].policy for j in active], [r.obs for r in states], [r.info for r in states])  # type: ignore[union-attr]
+        for j, run, out in zip(active, states, outs, strict=True):
+            assert run is not None
+            if _step(lanes[j], run, out):
+                result = _result(lanes[j].policy, run)
+                results[run.episode] = result
+                if on_episode is not None:
+                    on_episode(j, result)
+                start(j)
+    return [results[i] for i in range(len(seeds))]
+
+
+def _step(lane: Lane, run: _Running, out: Any) -> bool:
+    """Execute one step of a lane's episode; True when the episode ended."""
+    env = lane.env
     low, high = env.action_space.low, env.action_space.high  # type: ignore[attr-defined]
-    policy.reset(seed=seed)
-    obs, info = env.reset(seed=seed)
-    total, off_events, t = 0.0, 0, 0
-    was_off = bool(info.get("off_track", False))
-    terminated = truncated = False
-    while not (terminated or truncated):
-        out = policy.act(obs, info)
-        if not isinstance(out, PolicyOutput):
-            out = PolicyOutput(np.asarray(out, np.float32))
-        action = np.clip(np.asarray(out.action, np.float32), low, high)
-        label = action if out.label is None else np.asarray(out.label, np.float32)
-        next_obs, reward, terminated, truncated, next_info = env.step(action)
-        total += float(reward)
-        is_off = bool(next_info.get("off_track", False))
-        off_events += int(is_off and not was_off)
-        was_off = is_off
-        record = StepRecord(seed, episode, t, obs, info, action, label, out, float(reward), bool(terminated),
-                            bool(truncated), next_obs, next_info)  # fmt: skip
-        for observer in observers:
-            observer(record)
-        t += 1
-        obs, info = next_obs, next_info
+    if not isinstance(out, PolicyOutput):
+        out = PolicyOutput(np.asarray(out, np.float32))
+    action = np.clip(np.asarray(out.action, np.float32), low, high)
+    label = action if out.label is None else np.asarray(out.label, np.float32)
+    next_obs, reward, terminated, truncated, next_info = env.step(action)
+    run.total += float(reward)
+    is_off = bool(next_info.get("off_track", False))
+    run.off_events += int(is_off and not run.was_off)
+    run.was_off = is_off
+    record = StepRecord(run.seed, run.episode, run.t, run.obs, run.info, action, label, out, float(reward),
+                        bool(terminated), bool(truncated), next_obs, next_info)  # fmt: skip
+    for observer in lane.observers:
+        observer(record)
+    run.t += 1
+    run.obs, run.info = next_obs, next_info
+    run.terminated, run.truncated = bool(terminated), bool(truncated)
+    return run.terminated or run.truncated
+
+
+def _result(policy: Policy, run: _Running) -> EpisodeResult:
+    info = run.info
     summary = getattr(policy, "episode_summary", None)  # optional per-episode figures from the policy
     result = EpisodeResult(
-        seed=seed,
-        return_=total,
+        seed=run.seed,
+        return_=run.total,
         completion=float(info.get("progress", float("nan"))),
-        steps=t,
+        steps=run.t,
         tiles=int(info.get("tiles_visited", -1)),
         n_tiles=int(info.get("n_tiles", -1)),
-        off_track_events=off_events,
+        off_track_events=run.off_events,
         lap_finished=bool(info.get("lap_finished", False)),
-        terminated=bool(terminated),
-        truncated=bool(truncated),
+        terminated=run.terminated,
+        truncated=run.truncated,
         extras=dict(summary()) if callable(summary) else {},
     )
-    log.info("seed %d: return %.1f, completion %.3f, %d steps", seed, total, result.completion, t)
+    log.info("seed %d: return %.1f, completion %.3f, %d steps", run.seed, run.total, result.completion, run.t)
     return result
