@@ -28,9 +28,9 @@ from datasets.frames import FRAME_CODINGS
 from drive.errors import UserError
 from drive.loop.envs import ENVS, make_env
 from drive.loop.options import CollectOptions
-from drive.loop.policies import NoisyPolicy
+from drive.loop.policies import NoisyPolicy, act_lanes, lane_copies
 from drive.loop.pool import Ticker, check_ray, run_tasks
-from drive.loop.rollout import Observer, rollout
+from drive.loop.rollout import EpisodeResult, Lane, run_lanes
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import expert_policy
 
@@ -76,36 +76,55 @@ def settings_of(opts: CollectOptions) -> dict[str, Any]:
     return {key: getattr(opts, key) for key in DATA_SETTINGS}
 
 
-_CACHE: dict[tuple, tuple] = {}  # per process: settings -> (env, policy), built once per worker
+_CACHE: dict[tuple, list[Lane]] = {}  # per process: (settings, K) -> K lanes, built once per worker
 
 
-def _env_and_policy(settings: dict[str, Any]) -> tuple[Any, NoisyPolicy]:
-    key = tuple(sorted(settings.items()))
+def _lanes(settings: dict[str, Any], k: int) -> list[Lane]:
+    key = (tuple(sorted(settings.items())), k)
     if key not in _CACHE:
         _CACHE.clear()
-        env = make_env(settings["env"], max_episode_steps=settings["max_episode_steps"],
-                       fast_render=settings["fast_render"])  # fmt: skip
-        space = env.action_space
+        envs = [make_env(settings["env"], max_episode_steps=settings["max_episode_steps"],
+                         fast_render=settings["fast_render"]) for _ in range(k)]  # fmt: skip
+        space = envs[0].action_space
         expert = expert_policy(settings["expert"], settings["env"])
         policy = NoisyPolicy(expert, settings["action_noise"], space.low, space.high, settings["noise_seed"])  # type: ignore[attr-defined]
-        _CACHE[key] = (env, policy)
+        _CACHE[key] = [Lane(env, p) for env, p in zip(envs, lane_copies(policy, k), strict=True)]
     return _CACHE[key]
 
 
 RecorderFactory = Callable[[dict[str, Any]], Any]
 
 
-def collect_episode(root: str, settings: dict[str, Any], seed: int, tick: Callable[[int], None] | None = None,
-                    recorder: RecorderFactory | None = None) -> dict[str, Any]:  # fmt: skip
-    """Drive one episode, write its shard atomically, return its manifest record. `tick(n)`: n more frames done."""
-    env, policy = _env_and_policy(settings)
-    assert recorder is not None, "collect_episode needs the recorder factory"
-    episode: Any = recorder(settings)
-    observers: list[Observer] = [episode, Ticker(tick)]
-    [result] = rollout(env, policy, seeds=[seed], on_step=observers)
-    record = result.to_dict()
-    record.update(write_episode(root, seed, episode.arrays()), flagged=bool(result.return_ < settings["min_return"]))
-    return record
+def record_lanes(lanes: list[Lane], seeds: list[int], tick: Callable[[int], None] | None,
+                 new_recorder: Callable[[], Any], record_of: Callable[[EpisodeResult, Any], dict[str, Any]]
+                 ) -> list[dict[str, Any]]:  # fmt: skip
+    """Drive one episode per seed on the lanes, each observed by a fresh recorder; `record_of(result, recorder)`
+    writes an episode's shard the moment it ends and returns its manifest record. Records in seed order."""
+    ticker = Ticker(tick)
+    runs = [Lane(lane.env, lane.policy, [new_recorder(), ticker]) for lane in lanes]
+    records: dict[int, dict[str, Any]] = {}
+
+    def finished(j: int, result: EpisodeResult) -> None:
+        records[result.seed] = record_of(result, runs[j].observers[0])
+        runs[j].observers = [new_recorder(), ticker]
+
+    run_lanes(runs, seeds, act_lanes, finished)
+    return [records[seed] for seed in seeds]
+
+
+def collect_episodes(root: str, settings: dict[str, Any], seeds: list[int], tick: Callable[[int], None] | None = None,
+                     recorder: RecorderFactory | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Drive one episode per seed, len(seeds) cars at once; write each shard atomically as its episode ends; return
+    their manifest records. `tick(n)`: n more frames done."""
+    assert recorder is not None, "collect_episodes needs the recorder factory"
+
+    def record_of(result: EpisodeResult, episode: Any) -> dict[str, Any]:
+        record = result.to_dict()
+        record.update(write_episode(root, result.seed, episode.arrays()),
+                      flagged=bool(result.return_ < settings["min_return"]))  # fmt: skip
+        return record
+
+    return record_lanes(_lanes(settings, len(seeds)), seeds, tick, lambda: recorder(settings), record_of)
 
 
 def lock(root: Path) -> IO[str]:
@@ -177,16 +196,18 @@ def collect(opts: CollectOptions, recorder: RecorderFactory) -> Summary:
         start = time.perf_counter()
         new: list[dict[str, Any]] = []
 
-        def finished(record: dict[str, Any]) -> None:
-            done[int(record["seed"])] = record
-            new.append(record)
+        def finished(records: list[dict[str, Any]]) -> None:  # a task's episodes
+            for record in records:
+                done[int(record["seed"])] = record
+                new.append(record)
             write_manifest(root, settings, list(done.values()), [s for s in seeds if s not in done])
 
         if todo:  # the directory says it is incomplete until the last episode lands
             write_manifest(root, settings, list(done.values()), todo)
-        tasks = [(str(root), settings, seed) for seed in todo]
-        run_tasks(collect_episode, tasks, opts.workers, finished, show=opts.progress, label="collect",
-                  extra=(recorder,), ray=opts.ray)  # fmt: skip
+        k = opts.envs
+        tasks = [(str(root), settings, todo[i : i + k]) for i in range(0, len(todo), k)]
+        run_tasks(collect_episodes, tasks, opts.workers, finished,
+                  show=opts.progress, label="collect", extra=(recorder,), ray=opts.ray)  # fmt: skip
         if not (root / MANIFEST).exists() or read_manifest(root).get("pending"):
             write_manifest(root, settings, list(done.values()))
         return Summary(root, seeds, new, len(seeds) - len(todo), time.perf_counter() - start)

@@ -45,13 +45,13 @@ from datasets.files import clean_temp
 from datasets.frames import LEGACY_CODING
 from datasets.root import portable
 from drive.errors import UserError
-from drive.loop.collect import intact, lock
+from drive.loop.collect import intact, lock, record_lanes
 from drive.loop.envs import make_env
 from drive.loop.fallback import FallbackConfig
 from drive.loop.options import DaggerOptions
-from drive.loop.policies import ControllerPolicy
-from drive.loop.pool import Ticker, run_tasks
-from drive.loop.rollout import PolicyOutput, rollout
+from drive.loop.policies import ControllerPolicy, lane_copies
+from drive.loop.pool import run_tasks
+from drive.loop.rollout import EpisodeResult, Lane, PolicyOutput
 from drive.loop.seeds import parse_seeds
 from drive.loop.specs import controller_policy
 from drive.loop.thresholds import resolve_threshold
@@ -95,27 +95,31 @@ class MixedPolicy:
                             out.prediction, out.internals, out.expert, out.latency_ms, out.gate, out.frame)  # fmt: skip
 
 
-_CACHE: dict[tuple, tuple] = {}
+_CACHE: dict[tuple, list[Lane]] = {}  # per process: (settings, K) -> K lanes sharing one clone
 
 
-def dagger_episode(root: str, settings: dict[str, Any], seed: int, tick: Callable[[int], None] | None = None,
-                   recorder: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    key = tuple(sorted(settings.items()))
+def dagger_episodes(root: str, settings: dict[str, Any], seeds: list[int], tick: Callable[[int], None] | None = None,
+                    recorder: Callable[[dict[str, Any]], Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One DAgger episode per seed, len(seeds) cars at once (one clone call per step); each shard is written as its
+    episode ends. Returns the manifest records in seed order."""
+    key = (tuple(sorted(settings.items())), len(seeds))
     if key not in _CACHE:
         _CACHE.clear()
         clone = controller_policy(settings["ckpt"], settings["samples"], settings["seed"], settings["expert"],
                                   env=settings["env"])  # fmt: skip
-        env = make_env(settings["env"], max_episode_steps=settings["max_episode_steps"])
-        _CACHE[key] = (env, MixedPolicy(clone, settings["beta"], settings["seed"], settings.get("query_threshold")))
-    env, policy = _CACHE[key]
-    assert recorder is not None, "dagger_episode needs the recorder factory"
-    episode = recorder(settings)
-    [result] = rollout(env, policy, seeds=[seed], on_step=[episode, Ticker(tick)])
-    record = result.to_dict()
-    arrays = episode.arrays()
-    record.update(write_episode(root, seed, arrays), flagged=False, dagger=True,
-                  labels=int(np.isfinite(arrays["label"]).all(1).sum()))  # fmt: skip
-    return record
+        policy = MixedPolicy(clone, settings["beta"], settings["seed"], settings.get("query_threshold"))
+        _CACHE[key] = [Lane(make_env(settings["env"], max_episode_steps=settings["max_episode_steps"]), p)
+                       for p in lane_copies(policy, len(seeds))]  # fmt: skip
+    assert recorder is not None, "dagger_episodes needs the recorder factory"
+
+    def record_of(result: EpisodeResult, episode: Any) -> dict[str, Any]:
+        record = result.to_dict()
+        arrays = episode.arrays()
+        record.update(write_episode(root, result.seed, arrays), flagged=False, dagger=True,
+                      labels=int(np.isfinite(arrays["label"]).all(1).sum()))  # fmt: skip
+        return record
+
+    return record_lanes(_CACHE[key], seeds, tick, lambda: recorder(settings), record_of)
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -210,14 +214,24 @@ def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) ->
                "keep_raw": bool(source["settings"].get("keep_raw", False)), "query_threshold": threshold}  # fmt: skip
         new: list[dict[str, Any]] = []
 
-        def finished(record: dict[str, Any]) -> None:
-            new.append(record)
-            done[int(record["seed"])] = record
+        def finished(records: list[dict[str, Any]]) -> None:  # a task's episodes
+            for record in records:
+                new.append(record)
+                done[int(record["seed"])] = record
             write_manifest(root, settings, episodes + list(done.values()), [s for s in seeds if s not in done])
             log.info("seed %d: clone+expert return %.1f, %d steps", record["seed"], record["return"], record["steps"])
 
-        tasks = [(str(root), job, s) for s in todo]
-        run_tasks(dagger_episode, tasks, opts.workers, finished, opts.progress, "dagger", extra=(recorder,))
+        k = opts.envs
+        tasks = [(str(root), job, todo[i : i + k]) for i in range(0, len(todo), k)]
+        run_tasks(
+            dagger_episodes,
+            tasks,
+            opts.workers,
+            finished,
+            opts.progress,
+            "dagger",
+            extra=(recorder,),
+        )
         return new
     finally:
         handle.close()

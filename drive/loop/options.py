@@ -62,6 +62,8 @@ class CollectOptions:
     """use the bridge's fast renderer (pixel-identical to stock CarRacing)"""
     env: str = "carracing"
     """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
+    envs: PositiveInt = 1
+    """cars driven at once in each process (lanes); a record does not depend on it (drive/loop/rollout.py)"""
     progress: bool = True
     """show a progress bar with frames/s"""
 
@@ -130,6 +132,8 @@ class DaggerOptions:
     """seed of the mixing coin and the clone's sampling"""
     env: str = "carracing"
     """simulator: carracing, or fake-road (tests; its expert is 'pursuit')"""
+    envs: PositiveInt = 1
+    """cars driven at once in each process, one clone call per step for all; a record does not depend on it"""
     progress: bool = True
     """show a progress bar"""
     query_quantile: OpenUnit | None = None

@@ -233,3 +233,6 @@ def test_dagger_aggregates_expert_labelled_clone_episodes(demos, tmp_path):
     assert not (tmp_path / "from-bad").exists() and shard.is_file()
     with pytest.raises(ValueError, match="already in"):
         aggregate(Config(ckpt=ckpt, data=demos, out=tmp_path / "b", seeds="5-6", env="fake-road", progress=False))
+    lanes = aggregate(dataclasses.replace(run, out=tmp_path / "lanes", seeds="50-52", envs=2))  # 2 cars per process
+    ref = aggregate(dataclasses.replace(run, out=tmp_path / "one", seeds="50-52"))
+    assert [r["sha256"] for r in lanes] == [r["sha256"] for r in ref] and len(ref) == 3

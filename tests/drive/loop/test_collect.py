@@ -87,6 +87,14 @@ def test_shards_are_deterministic_across_workers(tmp_path):
     assert [e["seed"] for e in read_manifest(tmp_path / "two")["episodes"]] == [0, 1, 2, 3]
 
 
+def test_shards_do_not_depend_on_the_cars_per_process(tmp_path):
+    """--envs 3 (lanes, 5 seeds: a lane takes a second episode, one lane idles at the end) writes the same bytes."""
+    one = collect(fake(tmp_path / "one", action_noise=0.1, seeds="0-4", envs=1))
+    three = collect(fake(tmp_path / "three", action_noise=0.1, seeds="0-4", envs=3, workers=2))
+    assert {r["seed"]: r["sha256"] for r in one.new} == {r["seed"]: r["sha256"] for r in three.new}
+    assert [e["seed"] for e in read_manifest(tmp_path / "three")["episodes"]] == [0, 1, 2, 3, 4]
+
+
 def test_low_return_episodes_are_flagged_and_excluded_by_default(tmp_path):
     everything = collect(fake(tmp_path / "all", action_noise=0.3, seeds="0-3", max_episode_steps=200))
     returns = {r["seed"]: r["return"] for r in everything.new}
