@@ -19,13 +19,14 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from scipy import stats
 
+from agents.encoders import FrameTokens
 from agents.lanes import MIN_ROWS, LaneGenerators
 from datasets.frames import ObservationCoder
 from drive.loop.fallback import FallbackGate
@@ -92,6 +93,26 @@ class NoisyPolicy:
                             inner.latency_ms, inner.gate, inner.frame)  # fmt: skip
 
 
+class _Row(Mapping[str, np.ndarray]):
+    """One lane's row of a batched forward's internals, taken only when read (most steps nobody reads them)."""
+
+    def __init__(self, arrays: Mapping[str, tuple[np.ndarray, int]], row: int):
+        self._arrays, self._row = arrays, row
+        self._taken: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._taken:
+            a, axis = self._arrays[name]
+            self._taken[name] = np.take(a, self._row if a.shape[axis] > 1 else 0, axis=axis)
+        return self._taken[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+
 def _internals(model: torch.nn.Module, lanes: int) -> list[Internals | None]:
     """The controller's internals of the last forward, one per lane (its row, batch axis dropped; a batch axis of
     size 1 is shared by all lanes), with the head axes it declares."""
@@ -101,9 +122,7 @@ def _internals(model: torch.nn.Module, lanes: int) -> list[Internals | None]:
     batch_axes = getattr(model, "internal_batch_axes", {})
     heads, indices = dict(getattr(model, "internal_head_axes", {})), tuple(getattr(model, "internal_indices", ()))
     arrays = {name: (v.detach().cpu().numpy(), batch_axes.get(name, 0)) for name, v in values.items()}
-    rows = [{name: np.take(a, b if a.shape[axis] > 1 else 0, axis=axis) for name, (a, axis) in arrays.items()}
-            for b in range(lanes)]  # fmt: skip
-    return [Internals(row, heads, indices) for row in rows]
+    return [Internals(_Row(arrays, b), heads, indices) for b in range(lanes)]
 
 
 class ControllerPolicy:
@@ -121,6 +140,9 @@ class ControllerPolicy:
         if gate is not None and gate.cfg.mode == "expert" and shadow is None:
             raise ValueError("fallback mode 'expert' needs a shadow expert (it hands control to it)")
         self.model, self.coder = model.eval(), coder
+        for module in model.modules():  # each frame's token computed once, not k times (agents/encoders.py)
+            if isinstance(module, FrameTokens):
+                module.remember_frames(True)
         self.n_samples = int(n_samples or int(getattr(model, "default_samples", 1)))
         if self.n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
