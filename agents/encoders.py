@@ -104,7 +104,7 @@ class FrameTokens(nn.Module):
     def _remembered(self, x: Tensor) -> Tensor:  # (B, T, 84, 84) uint8 -> (B, T, d) before the position term
         assert self.memo is not None
         frames = x.reshape(-1, *x.shape[2:])  # (B*T, 84, 84)
-        keys = [f.numpy().tobytes() for f in frames.cpu()]
+        keys = [f.numpy().tobytes() for f in frames.cpu()]  # a no-op copy on the CPU
         new = {key: i for i, key in enumerate(keys) if key not in self.memo}  # first row of each unseen frame
         if new:
             rows = frames[list(new.values())]  # (N, 84, 84)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agents.base import Controller
+from drive.devices import resolve
 from drive.errors import UserError
 
 
@@ -55,15 +56,14 @@ def is_main() -> bool:
 
 @contextlib.contextmanager
 def session(device: str) -> Iterator[str]:
-    """Join torchrun's process group when its environment names more than one rank; yields this rank's device."""
+    """Join torchrun's process group when its environment names more than one rank; yields this rank's device
+    (checked with `drive.devices.resolve` first: a device this node lacks is one line, not a traceback)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1 or dist.is_initialized():
-        yield device
+        yield str(resolve(device))
         return
-    cuda = device.startswith("cuda")
+    cuda = resolve(device).type == "cuda"
     if cuda:
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {device}: CUDA is not available on this node")
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if cuda else "gloo")

@@ -22,6 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from datasets.perturb import parse_perturbation
+from drive.devices import resolve
 from drive.errors import UserError
 from drive.loop.envs import make_env
 from drive.loop.failures import FailureMonitor, failure_report, nominal_thresholds, split_traces
@@ -106,7 +107,7 @@ def _episodes(opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, An
 
 def _controller_variants(opts: EvalOptions, path: str) -> tuple[dict[str, Any], list[tuple[str, dict]]]:
     shadow = default_shadow(opts.shadow, opts.env, path)
-    options = {"samples": opts.samples, "shadow": shadow or "none", "seed": opts.seed}
+    options = {"samples": opts.samples, "shadow": shadow or "none", "seed": opts.seed, "device": opts.device}
     header: dict[str, Any] = {"shadow": shadow}
     variants: list[tuple[str, dict[str, Any]]] = [("", {**options, "fallback": "off"})]
     fb, threshold, origin = fallback_for_command(opts, path)
@@ -125,6 +126,7 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     if opts.workers < 1:
         raise UserError(f"--workers must be >= 1, got {opts.workers}")
     kind, arg = parse_policy_spec(opts.policy)  # a bad spec fails here, not in every worker
+    resolve(opts.device)  # so does a device this machine lacks
     if opts.perturb:
         if kind != "ckpt" or opts.env != "carracing":
             raise UserError("--perturb applies to a trained controller (ckpt:PATH) on carracing")

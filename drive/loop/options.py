@@ -106,6 +106,8 @@ class EvalOptions:
     envs: PositiveInt = 1
     """cars driven at once in each process (lanes): the controller answers all of them in one call per step; an
     episode's record does not depend on it (drive/loop/rollout.py `run_lanes`)"""
+    device: str = "cpu"
+    """ckpt: where the controller runs (cpu, cuda, cuda:N, mps); the simulator and the shadow expert stay on the CPU"""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from scipy import stats
 from agents.encoders import FrameTokens
 from agents.lanes import MIN_ROWS, LaneGenerators
 from datasets.frames import ObservationCoder
+from drive.devices import resolve, to_device, to_host
 from drive.loop.fallback import FallbackGate
 from drive.loop.rollout import GateStep, Internals, PolicyOutput, StepPrediction
 from drive.metrics import gaussian_nll_elementwise
@@ -121,7 +122,7 @@ def _internals(model: torch.nn.Module, lanes: int) -> list[Internals | None]:
         return [None] * lanes
     batch_axes = getattr(model, "internal_batch_axes", {})
     heads, indices = dict(getattr(model, "internal_head_axes", {})), tuple(getattr(model, "internal_indices", ()))
-    arrays = {name: (v.detach().cpu().numpy(), batch_axes.get(name, 0)) for name, v in values.items()}
+    arrays = {name: (to_host(v.detach()).numpy(), batch_axes.get(name, 0)) for name, v in values.items()}
     return [Internals(_Row(arrays, b), heads, indices) for b in range(lanes)]
 
 
@@ -132,14 +133,16 @@ class ControllerPolicy:
 
     def __init__(self, model: torch.nn.Module, coder: ObservationCoder, n_samples: int | None = None, seed: int = 0,
                  shadow: Any = None, gate: FallbackGate | None = None, name: str = "controller",
-                 threads: int | None = 1):  # fmt: skip
+                 threads: int | None = 1, device: str | torch.device = "cpu"):  # fmt: skip
         """threads: torch CPU threads for this process (None leaves them). A batch-1 step gains nothing from more
-        than one, and on a loaded machine a second thread's spin-waits turned ~1 ms steps into ~100 ms (measured)."""
+        than one, and on a loaded machine a second thread's spin-waits turned ~1 ms steps into ~100 ms (measured).
+        device: where the controller runs (drive/devices.py); frames are coded on the host and moved per call."""
         if threads is not None:
             torch.set_num_threads(threads)
         if gate is not None and gate.cfg.mode == "expert" and shadow is None:
             raise ValueError("fallback mode 'expert' needs a shadow expert (it hands control to it)")
-        self.model, self.coder = model.eval(), coder
+        self.device = resolve(device)
+        self.model, self.coder = model.eval().to(self.device), coder
         for module in model.modules():  # each frame's token computed once, not k times (agents/encoders.py)
             if isinstance(module, FrameTokens):
                 module.remember_frames(True)
@@ -147,7 +150,7 @@ class ControllerPolicy:
         if self.n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
         self.seed, self.shadow, self.gate, self.name = int(seed), shadow, gate, name
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.generator = torch.Generator(self.device).manual_seed(self.seed)
         self.stats = OnPolicyStats()
 
     def reset(self, seed: int | None = None) -> None:
@@ -192,7 +195,7 @@ class ControllerPolicy:
         return PolicyOutput(executed, action, source, pred, internals, expert, latency_ms, gate, self.coder.last_frame)
 
 
-_SPARE = torch.Generator()  # draws of the rows that only pad a batch to MIN_ROWS (discarded)
+_SPARE: dict[torch.device, torch.Generator] = {}  # per device: draws of the rows that only pad a batch (discarded)
 
 
 @torch.inference_mode()
@@ -210,18 +213,20 @@ def predict_lanes(lanes: Sequence[ControllerPolicy], frames: Sequence[np.ndarray
     if not getattr(model, "lane_sampling", False) and len(lanes) > 1:
         return [out for p, f in zip(lanes, frames, strict=True) for out in predict_lanes([p], [f])]
     t0 = time.perf_counter()
-    x = torch.cat([p.coder(f) for p, f in zip(lanes, frames, strict=True)])  # (K, k, 84, 84)
+    device = lanes[0].device
+    x = to_device(torch.cat([p.coder(f) for p, f in zip(lanes, frames, strict=True)]), device)  # (K, k, 84, 84)
     k = len(lanes)
     generator: torch.Generator = lanes[0].generator
     if getattr(model, "lane_sampling", False):
         pad = max(0, MIN_ROWS - k)
         x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])]) if pad else x  # (max(K, MIN_ROWS), k, 84, 84)
-        generator = LaneGenerators([p.generator for p in lanes] + [_SPARE] * pad)
+        spare = _SPARE.setdefault(device, torch.Generator(device))
+        generator = LaneGenerators([p.generator for p in lanes] + [spare] * pad)
     # `predict`, not total_variance(moments): the same for sampled methods, and the closed form where a method
     # has one (DER: mean gamma, E[sigma^2], E[sigma^2] / nu; one moments() draw would act on a sampled mean)
     pred = model.predict(x, n_samples, generator)  # type: ignore[operator]  # (K', D) each
     latency_ms = (time.perf_counter() - t0) * 1e3
-    mean, alea, epi = (v[:k].numpy() for v in pred)  # (K, D) each
+    mean, alea, epi = (to_host(v[:k]).numpy() for v in pred)  # (K, D) each
     internals = _internals(model, x.shape[0])[:k]
     return [(StepPrediction(mean[b], alea[b], epi[b]), internals[b], latency_ms) for b in range(k)]
 

@@ -115,6 +115,7 @@ def controller_policy(
     fallback: FallbackConfig | None = None,
     threshold: float | None = None,
     env: str = "carracing",
+    device: str = "cpu",
 ) -> ControllerPolicy:
     """A CarRacing checkpoint as a policy, with the frame coder its training data used. With `fallback`, `threshold`
     must be given (drive/loop/thresholds.py `resolve_threshold`)."""
@@ -137,7 +138,8 @@ def controller_policy(
         gate = FallbackGate(threshold, fallback)
     coder = ObservationCoder.from_fingerprint(payload.get("data", {}), encoder.get("n_tokens", 4))
     expert = expert_policy(shadow, env).expert if shadow else None
-    return ControllerPolicy(model, coder, n_samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}")
+    return ControllerPolicy(model, coder, n_samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}",
+                            device=device)  # fmt: skip
 
 
 def ckpt_policy(
@@ -148,11 +150,12 @@ def ckpt_policy(
     fallback: str = "off",
     fallback_threshold: float | None = None,
     seed: int = 0,
+    device: str = "cpu",
 ) -> ControllerPolicy:
     """The `ckpt:PATH` builder of `drive eval` (runs in eval workers, so options are primitives)."""
     gate_cfg = parse_fallback(fallback)
     shadow = default_shadow(shadow, env, path)
-    return controller_policy(path, samples, seed, shadow, gate_cfg, fallback_threshold, env)
+    return controller_policy(path, samples, seed, shadow, gate_cfg, fallback_threshold, env, device)
 
 
 # -- policy specs ------------------------------------------------------------------------------------------------------
