@@ -53,6 +53,8 @@ class Config:
     """retraining overrides (as C0's command)"""
     workers: Workers = 1
     """parallel episodes (DAgger and eval)"""
+    envs: PositiveInt = 1
+    """cars per worker process, one clone call per step for all (DAgger and eval)"""
 
 
 def _eval(cfg: Config, ckpt: Path, target: Path) -> dict:
@@ -61,7 +63,12 @@ def _eval(cfg: Config, ckpt: Path, target: Path) -> dict:
     if not target.exists():
         result = evaluate(
             EvalOptions(
-                policy=f"ckpt:{ckpt}", seeds=cfg.eval_seeds, workers=cfg.workers, progress=False, failure_horizon=0
+                policy=f"ckpt:{ckpt}",
+                seeds=cfg.eval_seeds,
+                workers=cfg.workers,
+                envs=cfg.envs,
+                progress=False,
+                failure_horizon=0,
             )
         )
         result.pop("episodes", None)
@@ -88,6 +95,7 @@ def _round(cfg: Config, arm: str, r: int, clone: Path, data: Path) -> tuple[Path
                 seeds=f"{start}-{start + cfg.episodes - 1}",
                 beta=cfg.beta,
                 workers=cfg.workers,
+                envs=cfg.envs,
                 progress=False,
                 calibrate_seeds=cfg.calibrate_seeds,
                 query_quantile=cfg.query_quantile if arm == "gated" else None,

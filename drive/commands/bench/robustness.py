@@ -36,6 +36,8 @@ class Config:
     """track seeds of every point"""
     workers: Workers = 1
     """parallel episodes per point"""
+    envs: PositiveInt = 1
+    """cars per worker process, one controller call per step for all (drive eval --envs)"""
     samples: PositiveInt | None = None
     """stochastic samples per step (default: each controller's own)"""
     progress: bool = False
@@ -70,8 +72,8 @@ def run(cfg: Config) -> int:
         raise UserError("give at least one --ckpt")
     grid = points(cfg.sweep)
     (cfg.out / "points").mkdir(parents=True, exist_ok=True)
-    base = EvalOptions(seeds=cfg.seeds, workers=cfg.workers, samples=cfg.samples, progress=cfg.progress,
-                       failure_horizon=0)  # fmt: skip
+    base = EvalOptions(seeds=cfg.seeds, workers=cfg.workers, envs=cfg.envs, samples=cfg.samples,
+                       progress=cfg.progress, failure_horizon=0)  # fmt: skip
     table: dict[str, list[dict]] = {}
     for i, path in enumerate(cfg.ckpt):
         name = f"{i}_{path.parent.name if path.name == 'best.pt' else path.stem}"
