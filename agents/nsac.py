@@ -29,9 +29,14 @@ Two changes make the epistemic term mean something; each is one switch, `reg_for
 paper's term:
 1. `reg_form=anchored`: the same eps in the numerator. The paper's term is a ratio, and a ratio is satisfied by
    collapse: once epi_id -> 0 it is 0 whatever epi_ood is, and its push on epi_ood is proportional to epi_id; with
-   the 1e-3 dominating a tiny epi_ood it is a pure penalty on the in-distribution variance. With eps on top, an
-   in-distribution variance below eps is free and OOD variance is rewarded until it clearly exceeds eps (targets are
-   standardised: eps = 1e-3 is an epistemic std of 3 % of a target's std).
+   the 1e-3 dominating a tiny epi_ood it is a pure penalty on the in-distribution variance. With eps on top the
+   in-distribution variance is still penalised about as hard (dL/d epi_id = 1 / (epi_id + epi_ood + 2 eps): 500 at
+   epi_id = epi_ood = 0, 333 at epi_ood = eps; the paper's ratio gives 1000 and 500 there). What changes is the pull
+   on OOD variance: at epi_id = 1e-6, epi_ood = 0, dL/d epi_ood is -500.25 anchored against -1.0 for the ratio, and it
+   stays -167 at epi_ood = eps (ratio: -0.25); it fades only once epi_ood clearly exceeds eps (targets are
+   standardised: eps = 1e-3 is an epistemic std of 3 % of a target's std). These gradients come from
+   `python -c "import torch; a, b = torch.tensor(1e-6, requires_grad=True), torch.tensor(0., requires_grad=True);
+   torch.log1p((a + 1e-3) / (b + 1e-3)).backward(); print(a.grad, b.grad)"` (drop the first 1e-3: the ratio).
 2. `reg_pairs=true`: the mean over inputs of L_reg of each (clean input, its surrogate) pair instead of L_reg of the
    batch means. The batch-mean ratio is met by a few surrogates with huge variance while most stay at the clean
    level; per pair, every surrogate must out-vary its own clean input.

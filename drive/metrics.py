@@ -14,9 +14,12 @@ Definitions (stated because the literature uses several):
 - pit: probability integral transform F(y) = Phi((y - mean)/sigma), uniform on [0, 1] for a calibrated forecast.
 - pit_wasserstein: the Wasserstein-1 distance between the empirical PIT distribution and U(0, 1), the integral over
   [0, 1] of |F_n(u) - u|, computed exactly from the sorted PIT values.
-- ece (regression calibration error, Kuleshov et al. 2018): for quantile levels p_j = 0.05, 0.10, ..., 0.95 the
-  observed frequency freq_j = mean(PIT <= p_j) of targets at or below the predicted p_j-quantile;
-  ece = mean_j |freq_j - p_j|. 0 for a perfectly calibrated forecast, 0.5 at worst.
+- ece (regression calibration error): for quantile levels p_j = 0.05, 0.10, ..., 0.95 the observed frequency
+  freq_j = mean(PIT <= p_j) of targets at or below the predicted p_j-quantile; ece = mean_j |freq_j - p_j|, an L1
+  (expected absolute) calibration error, 0 for a perfectly calibrated forecast, 0.5 at worst. The calibration curve
+  is Kuleshov, Fenner & Ermon (ICML 2018), but their calibration error is squared, sum_j w_j (p_j - freq_j)^2; the
+  absolute, unweighted mean used here is uncertainty-toolbox's `mean_absolute_calibration_error` (Chung et al. 2021)
+  on these 19 levels. Not comparable with a squared figure.
 - coverage(level) / width(level): fraction of targets inside the central interval mean +- z*sigma with
   z = Phi^-1((1 + level)/2), and the mean width 2*z*sigma of that interval.
 - auroc(score_in, score_out): probability that an out-of-distribution (perturbed) input gets a higher uncertainty

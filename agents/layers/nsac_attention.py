@@ -24,6 +24,12 @@ Departures from the authors' public code, and why:
 - noise_scale defaults to 1, the paper's OU variance; the authors' code multiplies the noise by 0.1 (1e-4 in their
   CarRacing run) without saying so.
 - kappa and psi carry small floors so they stay > 0 in float32, where softplus underflows to exactly 0.
+- The OU integration time is one learnable scalar pair (t_a[h], t_b[h]) per head, shared by every (query, key) pair
+  of that head. The authors' code computes t_a and t_b per pair (from the pair's backbone output, like the gates).
+  Per head keeps t an interpretable per-head horizon (the recorder's `ou_time`) and costs nothing per pair; the
+  paper's equations do not say which.
+- The top-K keys are chosen exactly (the K highest q.k scores per query, `top_k_indices`). The authors' code finds
+  them with an approximate block search; ours is exact so that K = n reproduces the dense layer bit for bit.
 - Sizes are ours: the backbone has max(16, d_h) neurons by default (ncps AutoNCP: 40 % of the non-motor neurons are
   command neurons; Lechner et al.'s driving NCP had 19 neurons), shared by the heads; the sensory projections keep
   1 - sparsity of their d x d synapses (ncps NCP sensory -> inter wiring with d inter neurons).

@@ -11,10 +11,15 @@ is chosen on a held-out calibration split by `agents.sa.calibrate_nu` (Bayesian 
   y_scale): `predict` for GMLE, DE (all members, exact) and DER (closed form); NSAC's mean-logit pass. A controller
   whose own sampling would be counted as SA dispersion says so in `sa_refusal` (MC dropout, SDE-Net) and is refused;
 - on the test split: the controller's own predictive (`predict`, as `drive train` reports it) against SA at the
-  chosen nu, M passes of the deterministic pass: mean = E_m[mean_m], aleatoric = E_m[aleatoric_m],
-  epistemic = Var_m[mean_m] + E_m[epistemic_m] (law of total variance; the last term is the deterministic pass's own
-  epistemic variance: 0 for GMLE and NSAC's mean-logit pass, the member disagreement for DE, the NIG closed form
-  for DER).
+  chosen nu, M passes of the deterministic pass: mean = E_m[mean_m], epistemic = Var_m[mean_m] + E_m[epistemic_m]
+  (law of total variance; the last term is the deterministic pass's own epistemic variance: 0 for GMLE and NSAC's
+  mean-logit pass, the member disagreement for DE, the NIG closed form for DER).
+- the head's predicted noise, both ways (`test.with_sa` and `test.with_sa_plus_head` in sa.json): L_SA tunes the
+  pass spread to the whole residual ||y - f(x)||, noise included, so for a Gaussian-head controller adding the
+  head's aleatoric variance E_m[aleatoric_m] on top counts the noise twice (the FT-Transformer's docstring makes the
+  same argument for a point model). `with_sa` is SA as the paper defines it, the spread alone (aleatoric 0);
+  `with_sa_plus_head` adds the head's variance, what this command reported before. Which calibrates better is a
+  measurement per controller and task: docs/sa_study.md shows both.
 The encoder runs once per stack: SA only touches attention, so every encoder is swapped for a lookup into tokens
 computed beforehand (`_cached_encoders`) and the M passes run the attention and heads alone.
 """
@@ -98,9 +103,10 @@ class SAPredictor:
     combined by the law of total variance, in original units. Must be used inside `_cached_encoders`."""
 
     def __init__(self, model: nn.Module, tokens: Callable[[Tensor], Tensor], nu: int, n_passes: int,
-                 batch_size: int):  # fmt: skip
+                 batch_size: int, head_variance: bool = False):  # fmt: skip
         self.model, self.tokens = model, tokens
         self.nu, self.n_passes, self.batch_size = nu, n_passes, batch_size
+        self.head_variance = head_variance
 
     def eval(self) -> SAPredictor:
         return self
@@ -114,7 +120,8 @@ class SAPredictor:
         mean, ale, epi = (v.view(m, b, -1) for v in p)  # (M, B, D) each
         scale = self.model.y_scale
         total_epi = mean.var(0, unbiased=False) + epi.mean(0)
-        return Prediction(mean.mean(0) * scale + self.model.y_loc, ale.mean(0) * scale**2, total_epi * scale**2)
+        ale = ale.mean(0) if self.head_variance else torch.zeros_like(total_epi)  # the head's noise, or none
+        return Prediction(mean.mean(0) * scale + self.model.y_loc, ale * scale**2, total_epi * scale**2)
 
 
 def _calibration_batch(val: Any, n_frames: int) -> tuple[Tensor, Tensor]:
@@ -189,6 +196,8 @@ def calibrate(opts: SAOptions) -> dict:
                                   max_evals=MAX_EVALS, seed=opts.seed)  # fmt: skip
         predictor = SAPredictor(model, tokens, result.nu, opts.passes, opts.batch_size)
         with_sa = test_report(predictor, data.test, data.target_names, opts.batch_size, opts.seed)
+        predictor.head_variance = True
+        with_head = test_report(predictor, data.test, data.target_names, opts.batch_size, opts.seed)
     return {
         "ckpt": str(opts.ckpt), "controller": name, "task": data.name, "nu": result.nu,
         "nu_bounds": list(result.nu_bounds),
@@ -198,7 +207,8 @@ def calibrate(opts: SAOptions) -> dict:
         "encode_s": encode_s,
         "total_s": time.perf_counter() - start, "target_dispersion": result.target_dispersion,
         "slope": result.slope, "intercept": result.intercept, "n_passes": opts.passes, "seed": opts.seed,
-        "n_calibration": len(x_cal), "n_test": len(data.test), "test": {"without_sa": without, "with_sa": with_sa},
+        "n_calibration": len(x_cal), "n_test": len(data.test), "test": {"without_sa": without, "with_sa": with_sa,
+                                                            "with_sa_plus_head": with_head},
     }  # fmt: skip
 
 

@@ -25,10 +25,10 @@ def _print_table(result: dict) -> None:
     from drive.learn.sa import SHOWN
 
     table = Table(title=f"{result['controller']} test split ({result['n_test']} stacks): without vs with SA")
-    for col in ("metric", "without SA", f"SA nu={result['nu']}"):
+    for col in ("metric", "without SA", f"SA nu={result['nu']}", "SA + head noise"):
         table.add_column(col, justify="right")
     for key in SHOWN:
-        table.add_row(key, *(f"{result['test'][s][key]:.4g}" for s in ("without_sa", "with_sa")))
+        table.add_row(key, *(f"{result['test'][s][key]:.4g}" for s in ("without_sa", "with_sa", "with_sa_plus_head")))
     Console().print(table)
     print(f"chosen nu {result['nu']} (bounds {result['nu_bounds']}), {result['n_evals']} evaluations, "
           f"converged {result['converged']}, wall time {result['wall_time_s']:.1f} s on "

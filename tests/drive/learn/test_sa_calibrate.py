@@ -53,6 +53,10 @@ def test_calibrate_a_trained_gmle(gmle_run, tmp_path):
     assert without["epistemic_var"] == 0.0  # one deterministic network cannot disagree with itself
     assert with_sa["epistemic_var"] > 0  # SA's passes do
     assert without["n"] == with_sa["n"] == 3 * result["n_test"]
+    # SA's spread alone (the paper: it is tuned to the whole residual), and with the head's noise added on top
+    plus = result["test"]["with_sa_plus_head"]
+    assert with_sa["aleatoric_var"] == 0.0 and plus["aleatoric_var"] > 0 and plus["mse"] == with_sa["mse"]
+    assert plus["epistemic_var"] == with_sa["epistemic_var"] and plus["width_90"] > with_sa["width_90"]
     # the report without SA is the controller's own offline test report (what `drive train` writes)
     assert without["nll"] == pytest.approx(json.loads((gmle_run.parent / "metrics.json").read_text())["test"]["nll"],
                                            rel=1e-6)  # fmt: skip
