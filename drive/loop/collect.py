@@ -27,8 +27,9 @@ from datasets.files import clean_temp
 from datasets.frames import FRAME_CODINGS
 from drive.errors import UserError
 from drive.loop.envs import ENVS, make_env
+from drive.loop.lanes import act_lanes, lane_copies
 from drive.loop.options import CollectOptions
-from drive.loop.policies import NoisyPolicy, act_lanes, lane_copies
+from drive.loop.policies import NoisyPolicy
 from drive.loop.pool import Ticker, check_ray, run_tasks
 from drive.loop.rollout import EpisodeResult, Lane, run_lanes
 from drive.loop.seeds import parse_seeds

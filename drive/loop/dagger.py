@@ -48,8 +48,9 @@ from drive.errors import UserError
 from drive.loop.collect import intact, lock, record_lanes
 from drive.loop.envs import make_env
 from drive.loop.fallback import FallbackConfig
+from drive.loop.lanes import lane_copies
 from drive.loop.options import DaggerOptions
-from drive.loop.policies import ControllerPolicy, lane_copies
+from drive.loop.policies import ControllerPolicy
 from drive.loop.pool import run_tasks
 from drive.loop.rollout import EpisodeResult, Lane, PolicyOutput
 from drive.loop.seeds import parse_seeds

@@ -27,9 +27,10 @@ from drive.errors import UserError
 from drive.loop.envs import make_env
 from drive.loop.failures import FailureMonitor, failure_report, nominal_thresholds, split_traces
 from drive.loop.fallback import FallbackConfig
+from drive.loop.lanes import act_lanes, lane_copies
 from drive.loop.options import EvalOptions
 from drive.loop.perturb import perturbed_env
-from drive.loop.policies import act_lanes, aggregate, lane_copies
+from drive.loop.policies import aggregate
 from drive.loop.pool import Ticker, run_tasks
 from drive.loop.rollout import EpisodeResult, Lane, Observer, run_lanes
 from drive.loop.seeds import parse_seeds

@@ -16,10 +16,8 @@
 
 from __future__ import annotations
 
-import copy
 import logging
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,10 +25,10 @@ import torch
 from scipy import stats
 
 from agents.encoders import FrameTokens
-from agents.lanes import MIN_ROWS, LaneGenerators
 from datasets.frames import ObservationCoder
-from drive.devices import resolve, to_device, to_host
+from drive.devices import resolve
 from drive.loop.fallback import FallbackGate
+from drive.loop.lanes import predict_lanes
 from drive.loop.rollout import GateStep, Internals, PolicyOutput, StepPrediction
 from drive.metrics import gaussian_nll_elementwise
 from sim_bridges.carracing import ACTION_HIGH, ACTION_LOW
@@ -92,38 +90,6 @@ class NoisyPolicy:
         executed = np.clip(clean + noise, self.low, self.high)
         return PolicyOutput(executed, clean, inner.source, inner.prediction, inner.internals, inner.expert,
                             inner.latency_ms, inner.gate, inner.frame)  # fmt: skip
-
-
-class _Row(Mapping[str, np.ndarray]):
-    """One lane's row of a batched forward's internals, taken only when read (most steps nobody reads them)."""
-
-    def __init__(self, arrays: Mapping[str, tuple[np.ndarray, int]], row: int):
-        self._arrays, self._row = arrays, row
-        self._taken: dict[str, np.ndarray] = {}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._taken:
-            a, axis = self._arrays[name]
-            self._taken[name] = np.take(a, self._row if a.shape[axis] > 1 else 0, axis=axis)
-        return self._taken[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._arrays)
-
-    def __len__(self) -> int:
-        return len(self._arrays)
-
-
-def _internals(model: torch.nn.Module, lanes: int) -> list[Internals | None]:
-    """The controller's internals of the last forward, one per lane (its row, batch axis dropped; a batch axis of
-    size 1 is shared by all lanes), with the head axes it declares."""
-    values = model.internals()  # type: ignore[operator]
-    if not values:
-        return [None] * lanes
-    batch_axes = getattr(model, "internal_batch_axes", {})
-    heads, indices = dict(getattr(model, "internal_head_axes", {})), tuple(getattr(model, "internal_indices", ()))
-    arrays = {name: (to_host(v.detach()).numpy(), batch_axes.get(name, 0)) for name, v in values.items()}
-    return [Internals(_Row(arrays, b), heads, indices) for b in range(lanes)]
 
 
 class ControllerPolicy:
@@ -193,84 +159,6 @@ class ControllerPolicy:
                 source = "expert" if self.gate.cfg.mode == "expert" else "slow"
             gate = GateStep(source if engaged else "controller", value, self.gate.threshold, self.gate.cfg.signal)
         return PolicyOutput(executed, action, source, pred, internals, expert, latency_ms, gate, self.coder.last_frame)
-
-
-_SPARE: dict[torch.device, torch.Generator] = {}  # per device: draws of the rows that only pad a batch (discarded)
-
-
-@torch.inference_mode()
-def predict_lanes(lanes: Sequence[ControllerPolicy], frames: Sequence[np.ndarray]
-                  ) -> list[tuple[StepPrediction, Internals | None, float]]:  # fmt: skip
-    """One controller call for the lanes' raw (96, 96, 3) frames (one lane per policy, all sharing one model and
-    sample count): per lane its prediction, internals and the call's latency in ms (what each car waited).
-
-    The batch is padded to `MIN_ROWS` and each lane samples from its own generator (agents/lanes.py), so a lane's
-    prediction is the same whichever lanes share the call: one car and sixteen drive the same episode.
-    """
-    model, n_samples = lanes[0].model, lanes[0].n_samples
-    if any(p.model is not model or p.n_samples != n_samples for p in lanes):
-        raise ValueError("predict_lanes: every lane must share one model and sample count")
-    if not getattr(model, "lane_sampling", False) and len(lanes) > 1:
-        return [out for p, f in zip(lanes, frames, strict=True) for out in predict_lanes([p], [f])]
-    t0 = time.perf_counter()
-    device = lanes[0].device
-    x = to_device(torch.cat([p.coder(f) for p, f in zip(lanes, frames, strict=True)]), device)  # (K, k, 84, 84)
-    k = len(lanes)
-    generator: torch.Generator = lanes[0].generator
-    if getattr(model, "lane_sampling", False):
-        pad = max(0, MIN_ROWS - k)
-        x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])]) if pad else x  # (max(K, MIN_ROWS), k, 84, 84)
-        spare = _SPARE.setdefault(device, torch.Generator(device))
-        generator = LaneGenerators([p.generator for p in lanes] + [spare] * pad)
-    # `predict`, not total_variance(moments): the same for sampled methods, and the closed form where a method
-    # has one (DER: mean gamma, E[sigma^2], E[sigma^2] / nu; one moments() draw would act on a sampled mean)
-    pred = model.predict(x, n_samples, generator)  # type: ignore[operator]  # (K', D) each
-    latency_ms = (time.perf_counter() - t0) * 1e3
-    mean, alea, epi = (to_host(v[:k]).numpy() for v in pred)  # (K, D) each
-    internals = _internals(model, x.shape[0])[:k]
-    return [(StepPrediction(mean[b], alea[b], epi[b]), internals[b], latency_ms) for b in range(k)]
-
-
-def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mapping[str, Any]]) -> list[Any]:
-    """Each lane's step, with one controller call for all lanes whose policy is (or wraps, through `lane_inner`) a
-    `ControllerPolicy` of one shared model: what each lane's `act` would return alone (`predict_lanes`)."""
-    chains = []
-    for policy in policies:
-        chain = [policy]
-        while hasattr(chain[-1], "lane_inner"):
-            chain.append(chain[-1].lane_inner)
-        chains.append(chain)
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, chain in enumerate(chains):
-        if isinstance(chain[-1], ControllerPolicy):
-            groups.setdefault((id(chain[-1].model), chain[-1].n_samples), []).append(i)
-    outs: list[Any] = [None] * len(policies)
-    for members in groups.values():
-        roots = [chains[i][-1] for i in members]
-        for i, root, pred in zip(members, roots, predict_lanes(roots, [obs[i] for i in members]), strict=True):
-            out = root.decide(*pred, infos[i])
-            for wrapper in reversed(chains[i][:-1]):
-                out = wrapper.wrap(out)
-            outs[i] = out
-    return [out if out is not None else p.act(o, info) for out, p, o, info in zip(outs, policies, obs, infos,
-                                                                                   strict=True)]  # fmt: skip
-
-
-def lane_copies(policy: Any, k: int) -> list[Any]:
-    """`policy` and k - 1 independent copies of it (episode state, generators, gate) sharing its torch modules: the
-    lanes of one process (drive/loop/rollout.py `run_lanes`), whose controller calls `act_lanes` batches."""
-    shared: dict[int, Any] = {}
-    stack, seen = [policy], set()
-    while stack:  # every torch module reachable through attributes is shared, not copied
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.nn.Module):
-            shared[id(obj)] = obj
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
-            stack.extend(vars(obj).values())
-    return [policy] + [copy.deepcopy(policy, dict(shared)) for _ in range(k - 1)]
 
 
 class OnPolicyStats:

@@ -14,8 +14,9 @@ from agents.registry import CONTROLLERS
 from datasets.frames import ObservationCoder
 from drive.loop.envs import make_env
 from drive.loop.evaluate import evaluate
+from drive.loop.lanes import act_lanes, lane_copies, predict_lanes
 from drive.loop.options import EvalOptions
-from drive.loop.policies import ControllerPolicy, ExpertPolicy, act_lanes, lane_copies, predict_lanes
+from drive.loop.policies import ControllerPolicy, ExpertPolicy
 from drive.loop.rollout import Lane, rollout, run_lanes
 from drive.loop.specs import expert_policy
 
