@@ -25,7 +25,7 @@ import torch
 
 from agents.registry import CONTROLLERS, config_to_dict
 from datasets.files import atomic_write
-from datasets.root import portable_command
+from datasets.root import portable, portable_command
 from drive import checkpoint, metrics
 from drive.errors import UserError
 from drive.learn import tasks
@@ -196,7 +196,8 @@ def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConf
     t1 = time.perf_counter()
     evaluation = data.evaluate(model)
     save_predictions(Path(req.out) / "predictions.npz", model, data.test, train_cfg.batch_size, req.seed, req.device)
-    plots = [str(p) for p in data.plots(model, Path(req.out))] if data.plots is not None else []
+    out = Path(req.out)  # plots named relative to the run directory: metrics.json stores no machine's path
+    plots = [_relative(Path(p), out) for p in data.plots(model, out)] if data.plots is not None else []
     fit_report = {"best_epoch": result.best_epoch, "best_val_nll": result.best_val_nll,
                   "epochs_run": result.epochs_run, "stopped_early": result.stopped_early, "train_seconds": train_s,
                   "eval_seconds": time.perf_counter() - t1, "n_parameters": n_params}  # fmt: skip
@@ -205,6 +206,13 @@ def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConf
     if plots:
         report["plots"] = plots
     return report
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(portable(str(path)))
 
 
 def save_predictions(path: Path, model: Any, dataset: Any, batch_size: int, seed: int, device: str) -> None:

@@ -137,7 +137,7 @@ def write_report(results: dict[str, Any], out: Path, command: str = "") -> list[
     out.mkdir(parents=True, exist_ok=True)
     plots = report_plots.draw(results, out / "plots")
     results = {"environment": environment(results.get("threads", 1)), **results, "command": command,
-               "plots": [str(p) for p in plots]}  # fmt: skip
+               "plots": [str(Path(p).relative_to(out)) for p in plots]}  # fmt: skip  # relative: no machine path
     atomic_write(out / "results.json", json.dumps(results, indent=2).encode())
     atomic_write(out / "results.md", markdown(results, plots, out, command).encode())
     return [out / "results.json", out / "results.md", *plots]
