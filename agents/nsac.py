@@ -40,13 +40,13 @@ paper's term:
 2. `reg_pairs=true`: the mean over inputs of L_reg of each (clean input, its surrogate) pair instead of L_reg of the
    batch means. The batch-mean ratio is met by a few surrogates with huge variance while most stay at the clean
    level; per pair, every surrogate must out-vary its own clean input.
-Measured on the spiral with real extrapolation (`drive train --task spiral --set task.train_region=interpolation`,
-seed 0, 30 epochs; `docs/figures/spiral_fig3.py` draws them): mean epistemic std on the trained steps / on the
-extrapolated ones, against an aleatoric std of 0.05 on both: no L_reg (reg_weight=0) 4.5e-4 / 1.4e-3; the paper's
-ratio 6.7e-5 / 2.8e-3 (it pushes the in-distribution variance down, 7x below no L_reg); anchored 1.4e-3 / 3.1e-2,
-the only one whose extrapolation variance reaches the aleatoric scale. (These two L_reg runs used the per-head
-surrogate of std 1.0 and the batch-mean ratio, the code of commit 1164683; the forward pass is unchanged since.)
-CarRacing below.
+Measured on the spiral with real extrapolation, today's code and defaults (`drive train --task spiral --controller
+nsac --seed 0 --epochs 30 --set task.train_region=interpolation` plus `reg_weight=0`, `reg_form=paper
+reg_pairs=false` or nothing for the default anchored per-pair form; `docs/figures/spiral_fig3.py` draws them): the
+root of the mean epistemic variance on the trained steps / on the extrapolated ones (metrics.json `interpolation` /
+`extrapolation`), against an aleatoric std of 0.05 on both: no L_reg 5.0e-4 / 1.7e-3; the paper's ratio
+1.2e-4 / 7.2e-3 (it pushes the in-distribution variance down, 4x below no L_reg); anchored 2.1e-3 / 8.5e-2, the only
+one whose extrapolation variance exceeds the aleatoric scale. One seed: a comparison to be read as an illustration.
 
 The OOD surrogate (`ood_at=input`, as the authors' code: on the model input). Per input one of two Gaussian
 perturbations: additive noise of std ood_scale = 0.3 x the batch's input std (on frames ~0.08 in [0, 1] pixel
