@@ -53,6 +53,8 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "robustness"): "Benchmark: closed-loop return, coverage, epistemic variance against camera perturbation.",
     ("bench", "dagger"): "Benchmark: uncertainty-gated vs plain DAgger, closed-loop return against expert labels.",
     ("bench", "render"): "Benchmark: the fast CarRacing renderer against the stock one, per frame.",
+    ("bench", "closedloop"): "Benchmark: steps per CPU-second from the bare env (stock, ours, EnvPool) to collect and "
+    "eval (K cars, 1-2 workers), with ratios.",
     ("bench", "scale"): "Benchmark: collection on 1, 2 Ray workers and training on 1, 2 DDP ranks, with ratios.",
     ("bench", "offline"): "Benchmark tables of the offline tasks (uci, forecast, spiral): every controller, seed.",
 }

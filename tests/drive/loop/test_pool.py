@@ -3,9 +3,11 @@ in seconds, nothing written)."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from drive.cli import main
+from drive.loop import pool
 from drive.loop.pool import DeferredInterrupt, run_tasks
 
 
@@ -97,3 +100,36 @@ def test_an_unreachable_ray_address_is_one_line_in_seconds(tmp_path, capsys, mon
     ]
     assert not (tmp_path / "d").exists()  # refused before anything is written
     assert not ray.is_initialized()
+
+
+def _worker_state(i: int, tick) -> tuple[int, bool, int]:
+    """What a worker holds when its task starts: its pid, whether torch came with it, OpenCV's threads."""
+    inherited = "torch" in sys.modules  # before anything here imports it: a spawned worker would not have it
+    import cv2
+
+    return os.getpid(), inherited, cv2.getNumThreads()
+
+
+def test_workers_fork_with_torch_imported_and_run_opencv_on_one_thread():
+    import cv2
+    import torch  # noqa: F401 - what the commands hold when they start the pool (spawn re-imported it per worker)
+
+    cv2_threads = cv2.getNumThreads()
+    got: list[tuple[int, bool, int]] = []
+    run_tasks(_worker_state, [(0,), (1,), (2,), (3,)], 2, got.append, show=False)
+    assert len(got) == 4 and os.getpid() not in {pid for pid, _, _ in got}
+    assert all(inherited and threads == 1 for _, inherited, threads in got), got
+    assert cv2.getNumThreads() == cv2_threads  # the driver's own setting is left alone
+
+
+@pytest.mark.parametrize(("platform", "cuda", "method"), [("linux", False, "fork"), ("linux", True, "spawn"),
+                                                          ("darwin", False, "spawn")])  # fmt: skip
+def test_the_pool_forks_unless_cuda_is_up_or_the_system_is_not_linux(monkeypatch, platform, cuda, method):
+    import torch
+
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(mp, "get_all_start_methods", lambda: ["fork", "spawn", "forkserver"])
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda)
+    assert pool._pool_context().get_start_method() == method
+    monkeypatch.delitem(sys.modules, "torch")
+    assert pool._pool_context().get_start_method() == "fork"  # no torch: fork everywhere it exists, as before

@@ -1,0 +1,330 @@
+"""`drive bench closedloop`: steps per CPU-second (frames/s per core) of the closed loop, from the bare env to
+`drive collect` and `drive eval`, measured in one run and printed side by side with the ratios the issue targets:
+
+    our renderer >= 1.0x EnvPool's C++ CarRacing          collect (1 worker) >= 0.9x our renderer
+    eval, best K cars per process >= 0.8x our renderer    collect (2 workers) >= 1.7x collect (1 worker), wall
+
+Rows: gymnasium's stock CarRacing-v3 (pygame renderer), our pixel env (`make_carracing`, fast renderer) and EnvPool's
+CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so it may live in another venv, and
+skipped with a note where it does not import), all three on the same pre-drawn random actions, in `--rounds` rounds
+that alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
+K = 1, 4, 16 cars per process (`--envs K`), and the best K again on 2 workers. Collect and eval rates count the whole
+run (worker start-up, policy building, shards written) over all its steps.
+
+Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
+threads included): they are what a step costs, whatever else runs on the machine. Wall-clock rates are printed
+beside them and the 2-worker ratio is a wall one; on a shared machine those mostly measure the neighbours, so the
+1-minute load average is recorded. A benchmark, not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datasets.files import atomic_write
+from drive.errors import UserError
+from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
+from drive.options import NonNegativeInt, PositiveInt
+
+TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_best_over_renderer": 0.8,
+           "collect2_over_collect1": 1.7}  # fmt: skip
+ENV_ROWS = ("stock", "renderer", "envpool")
+ENV_LABELS = {"stock": "stock CarRacing-v3, random", "renderer": "our env (fast renderer), random",
+              "envpool": "EnvPool CarRacing-v2, random"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Config:
+    out: Path | None = None
+    """results JSON file; default: print only"""
+    steps: PositiveInt = 1000
+    """env steps per round of each env loop (stock, our renderer, EnvPool)"""
+    rounds: PositiveInt = 3
+    """rounds of the env loops, their order alternating, summed per loop"""
+    episodes: PositiveInt = 4
+    """episodes per collect run (1 worker, then 2 workers); even, so two workers share them equally"""
+    max_episode_steps: PositiveInt = 1000
+    """step limit per collect episode"""
+    expert: str = "ppo"
+    """expert that drives the collect runs (ppo, pursuit)"""
+    policy: str = f"ckpt:{SHIPPED_CONTROLLER}"
+    """policy the eval runs drive"""
+    samples: PositiveInt = 32
+    """eval: stochastic samples per step"""
+    envs: tuple[int, ...] = (1, 4, 16)
+    """eval: cars per process (K) of the 1-worker runs; the best per core runs again on 2 workers"""
+    eval_episodes: PositiveInt = 16
+    """episodes per 1-worker eval run (the 2-worker run drives twice as many)"""
+    eval_max_episode_steps: PositiveInt = 100
+    """step limit per eval episode (a controller step costs ~10x an env step: short episodes keep the run short)"""
+    first_seed: NonNegativeInt = 5000
+    """track seeds of every run: first_seed, first_seed + 1, ..."""
+    envpool_python: str | None = None
+    """python that runs the EnvPool row (default: this one); its row is skipped with a note where envpool does not
+    import there"""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One loop as measured (or `skipped`, saying why not)."""
+
+    label: str
+    steps: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # this process and its workers; EnvPool's subprocess measures its own
+    skipped: str = ""
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return self.steps / self.wall_s if self.steps else None
+
+    @property
+    def steps_per_cpu_s(self) -> float | None:
+        return self.steps / self.cpu_s if self.steps else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "steps_per_s": self.steps_per_s, "steps_per_cpu_s": self.steps_per_cpu_s}
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and its reaped children (a pool's workers, once joined)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _timed(run: Callable[[], int]) -> tuple[int, float, float]:
+    cpu, wall = _cpu_seconds(), time.perf_counter()
+    steps = run()
+    return steps, time.perf_counter() - wall, _cpu_seconds() - cpu
+
+
+def random_actions(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0], size=(n, 3)).astype(np.float32)
+
+
+def _drive(env: Any, actions: np.ndarray, first_seed: int) -> int:
+    seed = first_seed
+    env.reset(seed=seed)
+    for action in actions:
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            seed += 1
+            env.reset(seed=seed)
+    return len(actions)
+
+
+def gym_loop(which: str, actions: np.ndarray, cfg: Config) -> tuple[int, float, float]:
+    import gymnasium as gym
+
+    from sim_bridges.carracing import make_carracing
+
+    limit = cfg.max_episode_steps
+    stock = which == "stock"
+    env = gym.make("CarRacing-v3", max_episode_steps=limit) if stock else make_carracing(max_episode_steps=limit)
+    try:
+        return _timed(lambda: _drive(env, actions, cfg.first_seed))
+    finally:
+        env.close()
+
+
+# run by --envpool-python: one env on one thread, the actions from stdin; prints one JSON line
+ENVPOOL_SCRIPT = """
+import json, sys, time
+import numpy as np
+try:
+    import envpool
+except ImportError as exc:
+    print(json.dumps({"skipped": f"envpool does not import in {sys.executable} ({exc})"}))
+    raise SystemExit(0)
+limit, seed = int(sys.argv[1]), int(sys.argv[2])
+actions = np.frombuffer(sys.stdin.buffer.read(), dtype=np.float32).reshape(-1, 1, 3)
+env = envpool.make("CarRacing-v2", env_type="gymnasium", num_envs=1, num_threads=1, seed=seed,
+                   max_episode_steps=limit)
+env.reset()
+cpu, wall = time.process_time(), time.perf_counter()
+for action in actions:
+    env.step(action)  # an episode's end resets it on the next step
+print(json.dumps({"steps": len(actions), "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}))
+"""
+
+
+def envpool_loop(actions: np.ndarray, cfg: Config) -> tuple[int, float, float] | str:
+    """(steps, wall s, CPU s) of EnvPool in `--envpool-python`, or why it did not run."""
+    python = cfg.envpool_python or sys.executable
+    try:
+        done = subprocess.run([python, "-c", ENVPOOL_SCRIPT, str(cfg.max_episode_steps), str(cfg.first_seed)],
+                              input=actions.tobytes(), capture_output=True, timeout=600)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python}: {exc}"
+    lines = done.stdout.decode().strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return f"{python} failed (exit {done.returncode}): {done.stderr.decode().strip()[-300:]}"
+    got = json.loads(lines[-1])
+    return got["skipped"] if "skipped" in got else (int(got["steps"]), float(got["wall_s"]), float(got["cpu_s"]))
+
+
+def measure_envs(cfg: Config, console: Any) -> dict[str, Row]:
+    runs: dict[str, list[tuple[int, float, float]]] = {key: [] for key in ENV_ROWS}
+    note = ""  # why EnvPool did not run
+    for r in range(cfg.rounds):
+        actions = random_actions(cfg.steps, cfg.first_seed + r)
+        for key in ENV_ROWS[:: 1 if r % 2 == 0 else -1]:
+            if key != "envpool" or not note:
+                with console.status(f"round {r + 1}/{cfg.rounds}: {ENV_LABELS[key]} ..."):
+                    got = envpool_loop(actions, cfg) if key == "envpool" else gym_loop(key, actions, cfg)
+                note = got if isinstance(got, str) else note
+                runs[key] += [] if isinstance(got, str) else [got]
+    if note:
+        console.print(f"EnvPool row skipped: {note}")
+    rows = {"envpool": Row(ENV_LABELS["envpool"], skipped=note)} if note else {}
+    for key in ENV_ROWS:
+        if key not in rows:
+            steps, wall, cpu = (sum(column) for column in zip(*runs[key], strict=True))
+            per_round = [n / c for n, _, c in runs[key]]
+            rows[key] = Row(ENV_LABELS[key], int(steps), wall, cpu, detail={"per_round_steps_per_cpu_s": per_round})
+    return {key: rows[key] for key in ENV_ROWS}
+
+
+def collect_row(cfg: Config, workers: int) -> Row:
+    from drive.loop.collect import collect
+    from drive.observe.demonstrations import recorder_for
+
+    with tempfile.TemporaryDirectory(prefix="bench_closedloop_") as tmp:
+        options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes,
+                                 seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}", workers=workers,
+                                 max_episode_steps=cfg.max_episode_steps, progress=False)  # fmt: skip
+        steps, wall, cpu = _timed(lambda: collect(options, recorder_for).frames)
+    return Row(f"collect {cfg.expert}, {workers} worker{'s' * (workers > 1)}", steps, wall, cpu,
+               detail={"episodes": cfg.episodes, "workers": workers})  # fmt: skip
+
+
+def eval_row(cfg: Config, k: int, workers: int) -> Row:
+    from drive.loop.evaluate import evaluate
+
+    label = f"eval S={cfg.samples}, K={k} cars, {workers} worker{'s' * (workers > 1)}"
+    if "envs" not in {f.name for f in dataclasses.fields(EvalOptions)}:
+        return Row(label, skipped="not available: this drive eval has no --envs")
+    n = cfg.eval_episodes * workers
+    options = EvalOptions(policy=cfg.policy, seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}", workers=workers,  # type: ignore[call-arg]
+                          samples=cfg.samples, max_episode_steps=cfg.eval_max_episode_steps, progress=False,
+                          envs=k)  # fmt: skip
+    steps, wall, cpu = _timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
+    return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers})
+
+
+def _rate(rows: dict[str, Row], key: str, field: str = "steps_per_cpu_s") -> float | None:
+    return getattr(rows[key], field) if key in rows else None
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
+def best_eval(rows: dict[str, Row], ks: tuple[int, ...]) -> int | None:
+    rated = [(_rate(rows, f"eval_k{k}"), k) for k in ks]
+    return max(((r, k) for r, k in rated if r is not None), default=(None, None))[1]
+
+
+def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | None]:
+    """Per-core ratios (steps per CPU-second), except the 2-worker ones: wall, what a second worker is for."""
+    best = best_eval(rows, ks)
+    per_cpu = {key: _rate(rows, key) for key in rows}
+    wall = {key: _rate(rows, key, "steps_per_s") for key in rows}
+    best_key = f"eval_k{best}" if best is not None else ""
+    return {
+        "renderer_over_envpool": _over(per_cpu["renderer"], per_cpu["envpool"]),
+        "renderer_over_stock": _over(per_cpu["renderer"], per_cpu["stock"]),
+        "collect1_over_renderer": _over(per_cpu["collect1"], per_cpu["renderer"]),
+        "eval_best_over_renderer": _over(per_cpu.get(best_key), per_cpu["renderer"]),
+        "collect2_over_collect1": _over(wall["collect2"], wall["collect1"]),
+        # parallel efficiency: 1.0 when the second worker costs no extra CPU per step (start-up, contention)
+        "collect2_over_collect1_per_cpu": _over(per_cpu["collect2"], per_cpu["collect1"]),
+        "eval2_over_eval_best": _over(wall["eval2"], wall.get(best_key)),
+    }
+
+
+def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | None]) -> None:
+    from rich.table import Table
+
+    table = Table(title="closed loop: steps per CPU-second (per core) and per second")
+    for col in ("loop", "steps", "steps/CPU-s", "CPU s", "steps/s", "wall s"):
+        table.add_column(col, justify="left" if col == "loop" else "right")
+    for row in rows.values():
+        if row.skipped:
+            table.add_row(row.label, "-", row.skipped, "", "", "")
+            continue
+        table.add_row(row.label, str(row.steps), f"{row.steps_per_cpu_s:.0f}", f"{row.cpu_s:.1f}",
+                      f"{row.steps_per_s:.0f}", f"{row.wall_s:.1f}")  # fmt: skip
+    console.print(table)
+    checks = Table(title="ratios (per core; the 2-worker ones wall-clock)")
+    for col in ("ratio", "measured", "target", ""):
+        checks.add_column(col, justify="right" if col else "left")
+    for key, value in ratios.items():
+        target = TARGETS.get(key)
+        verdict = "" if target is None or value is None else ("met" if value >= target else "MISSED")
+        shown = "n/a" if value is None else f"{value:.2f}x"
+        checks.add_row(key, shown, "-" if target is None else f">= {target}x", verdict)
+    console.print(checks)
+
+
+def run(cfg: Config) -> int:
+    import cv2
+    import torch
+    from rich.console import Console
+
+    if cfg.episodes % 2:
+        raise UserError(f"--episodes must be even (two workers share them equally), got {cfg.episodes}")
+    if not cfg.envs or min(cfg.envs) < 1:
+        raise UserError(f"--envs: cars per process, each >= 1, got {cfg.envs}")
+    torch.set_num_threads(1)  # the 1-worker runs are in this process: one thread each, as the pool's workers have
+    cv2.setNumThreads(1)
+    console = Console()
+    load_before = os.getloadavg()[0]
+    rows: dict[str, Row] = dict(measure_envs(cfg, console))
+    # each ratio's two rows run back to back: on a shared machine even CPU time per step drifts (2x in minutes, seen)
+    plan: list[tuple[str, Callable[[], Row]]] = [
+        ("collect1", lambda: collect_row(cfg, 1)),
+        ("collect2", lambda: collect_row(cfg, 2)),
+        *[(f"eval_k{k}", lambda k=k: eval_row(cfg, k, 1)) for k in cfg.envs],  # type: ignore[misc]
+    ]
+    for key, measure in plan:
+        with console.status(f"measuring {key} ..."):
+            rows[key] = measure()
+        row = rows[key]
+        console.print(f"{row.label}: " + (row.skipped or f"{row.steps_per_cpu_s:.0f} steps per CPU-s, "
+                                                          f"{row.steps_per_s:.0f} steps/s"))  # fmt: skip
+    best = best_eval(rows, cfg.envs)
+    if best is None:
+        rows["eval2"] = Row("eval, best K, 2 workers", skipped="not available: no eval row was measured")
+    else:
+        with console.status("measuring eval2 ..."):
+            rows["eval2"] = eval_row(cfg, best, 2)
+    ratios = ratios_of(rows, cfg.envs)
+    print_tables(console, rows, ratios)
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+               "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
+    met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
+    results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios, "targets": TARGETS,
+               "best_envs": best, "met": met,
+               "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+               "machine": machine}  # fmt: skip
+    if cfg.out is not None:
+        atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
+        console.print(f"wrote {cfg.out}")
+    return 0

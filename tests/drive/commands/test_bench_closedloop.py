@@ -1,0 +1,66 @@
+"""`drive bench closedloop` run tiny: every row and ratio in the JSON, EnvPool absent -> its row skipped with the
+note, and the EnvPool subprocess protocol on a stand-in module. Speeds are a benchmark's, never asserted here."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from drive.cli import main
+from drive.commands.bench import closedloop
+
+ROWS = ("stock", "renderer", "envpool", "collect1", "collect2", "eval_k1", "eval_k2", "eval2")
+
+
+def _stand_in(tmp_path, source: str) -> str:
+    """A directory whose `envpool` module is `source`, for the subprocess's PYTHONPATH."""
+    folder = tmp_path / "stand_in"
+    folder.mkdir()
+    (folder / "envpool.py").write_text(source)
+    return str(folder)
+
+
+def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", _stand_in(tmp_path, "raise ImportError('stand-in: no envpool here')\n"))
+    out = tmp_path / "closedloop.json"
+    code = main(["bench", "closedloop", "--steps", "8", "--rounds", "2", "--episodes", "2", "--max-episode-steps",
+                 "6", "--samples", "2", "--envs", "1", "2", "--eval-episodes", "2", "--eval-max-episode-steps", "3",
+                 "--envpool-python", sys.executable, "--out", str(out)])  # fmt: skip
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert tuple(results["rows"]) == ROWS
+    assert "stand-in: no envpool here" in results["rows"]["envpool"]["skipped"]
+    measured = {k: r for k, r in results["rows"].items() if k != "envpool"}
+    assert all(not r["skipped"] and r["steps"] > 0 and r["cpu_s"] > 0 for r in measured.values())
+    assert results["rows"]["stock"]["steps"] == results["rows"]["renderer"]["steps"] == 16  # 2 rounds of 8
+    assert results["rows"]["collect1"]["steps"] == results["rows"]["collect2"]["steps"] == 12  # 2 episodes of 6
+    assert results["rows"]["eval_k1"]["steps"] == 6 and results["rows"]["eval2"]["steps"] == 12
+    assert results["best_envs"] in (1, 2) and results["rows"]["eval2"]["detail"]["envs"] == results["best_envs"]
+    assert set(results["ratios"]) >= set(closedloop.TARGETS) and set(results["met"]) == set(closedloop.TARGETS)
+    assert results["ratios"]["renderer_over_envpool"] is None and results["met"]["renderer_over_envpool"] is None
+    assert all(v is not None for k, v in results["ratios"].items() if k != "renderer_over_envpool")
+
+
+STAND_IN = """
+import numpy as np
+class _Env:
+    def reset(self):
+        return np.zeros((1, 96, 96, 3), np.uint8), {}
+    def step(self, action):
+        assert action.shape == (1, 3) and action.dtype == np.float32
+        return np.zeros((1, 96, 96, 3), np.uint8), np.zeros(1), np.zeros(1, bool), np.zeros(1, bool), {}
+def make(task_id, **kwargs):
+    assert task_id == "CarRacing-v2" and kwargs["num_envs"] == 1 and kwargs["max_episode_steps"] == 7
+    return _Env()
+"""
+
+
+def test_envpool_row_runs_in_the_given_python_and_reports_its_own_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", _stand_in(tmp_path, STAND_IN))
+    cfg = closedloop.Config(max_episode_steps=7, envpool_python=sys.executable)
+    steps, wall, cpu = closedloop.envpool_loop(closedloop.random_actions(5, 0), cfg)  # type: ignore[misc]
+    assert steps == 5 and wall > 0 and cpu >= 0
+    missing = closedloop.envpool_loop(np.zeros((1, 3), np.float32), closedloop.Config(envpool_python="/nonexistent"))
+    assert isinstance(missing, str) and "/nonexistent" in missing
