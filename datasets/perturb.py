@@ -3,14 +3,19 @@
 
 Kinds and the unit of their level (`KIND:LEVEL`, e.g. `noise:0.1`, `blur:2`, `occlusion:0.1`, `brightness:0.5`):
 - `noise`: additive Gaussian pixel noise, std in [0, 1] pixel units (1 = the whole 0..255 range), fresh per frame;
-- `blur`: Gaussian blur, sigma in pixels of the 96x96 frame;
-- `occlusion`: a black square covering this fraction of the frame, placed at random once per episode (dirt on
-  the lens: it stays where it is while the car drives);
-- `brightness`: every pixel multiplied by this factor (clipped);
+- `blur`: Gaussian blur, sigma in pixels of the 96x96 frame, >= 0;
+- `occlusion`: a black square covering this fraction of the frame, in [0, 1), placed at random once per episode
+  (dirt on the lens: it stays where it is while the car drives);
+- `brightness`: every pixel multiplied by this factor (clipped), >= 0 (1: unchanged);
+- `motion_blur`, `fog`, `darkness`, `jpeg`, `rain`, `hue`: the held-out families of datasets/camera_shifts.py (its
+  docstring gives each level's unit and range; all deterministic but `rain`, whose streaks are fresh per frame);
 - `domain_randomize` (no level): CarRacing's own `domain_randomize` colours (`domain_colours`, drawn as
   gymnasium's `CarRacing._reinit_colors` draws them: road and background uniform in [0, 210) per channel, grass =
   background + 20 in one channel), once per episode. These change the world, not the frame: the closed loop sets
   them on the env after the track is built (drive/loop/perturb.py), so the track is the one the seed names.
+
+`FunctionPerturber` runs any frame function `(frame, level, rng) -> frame` (a user's plug-in) the same way and
+checks that it returns a raw frame.
 
 Randomness is per episode: `FramePerturber.reset(seed)` seeds it from (perturbation seed, track seed), so a rerun
 of an episode sees the same perturbed frames. Never imports `drive`, `agents` or `sim_bridges`.
@@ -24,6 +29,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from datasets.camera_shifts import FAMILIES, FrameFn
+
 RAW_SHAPE = (96, 96, 3)
 #: kind -> what its level means
 KINDS = {
@@ -31,6 +38,7 @@ KINDS = {
     "blur": "Gaussian blur sigma in pixels",
     "occlusion": "black square, fraction of the frame area",
     "brightness": "brightness factor",
+    **{kind: family.unit for kind, family in FAMILIES.items()},
     "domain_randomize": "CarRacing's domain_randomize colours (no level)",
 }
 WORLD_KINDS = ("domain_randomize",)  # perturb the simulated world, not the frame
@@ -50,6 +58,8 @@ class Perturbation:
             "occlusion": not 0.0 <= self.level < 1.0,
             "brightness": self.level < 0,
         }.get(self.kind, False)
+        if self.kind in FAMILIES and math.isfinite(self.level):
+            bad = not FAMILIES[self.kind].valid(self.level)
         if bad or not math.isfinite(self.level):
             raise ValueError(f"perturbation {self}: level out of range ({KINDS[self.kind]})")
 
@@ -127,4 +137,33 @@ class FramePerturber:
             return out
         if kind == "brightness":
             return np.clip(np.rint(frame * np.float32(level)), 0, 255).astype(np.uint8)
+        if kind in FAMILIES:
+            return FAMILIES[kind].apply(frame, level, self.rng)
         return frame
+
+
+def check_frame(frame: np.ndarray, name: str) -> np.ndarray:
+    """`frame` if it is a raw CarRacing frame ((96, 96, 3) uint8), else a ValueError naming `name`."""
+    if not isinstance(frame, np.ndarray) or frame.shape != RAW_SHAPE or frame.dtype != np.uint8:
+        got = f"{frame.shape} {frame.dtype}" if isinstance(frame, np.ndarray) else type(frame).__name__
+        raise ValueError(f"{name} returned {got}; a camera perturbation must return a {RAW_SHAPE} uint8 frame")
+    return frame
+
+
+class FunctionPerturber:
+    """A frame function `fn(frame, level, rng) -> frame` as a perturber, seeded per episode as FramePerturber is
+    (`rng` from (seed, episode seed)); it gets a copy of each frame, and what it returns is checked (`name` in the
+    error)."""
+
+    colours = None  # a camera perturbation: the world keeps its colours
+
+    def __init__(self, fn: FrameFn, level: float, seed: int = 0, name: str = ""):
+        self.fn, self.level, self.seed = fn, float(level), int(seed)
+        self.name = name or getattr(fn, "__qualname__", repr(fn))
+        self.reset()
+
+    def reset(self, episode_seed: int | None = None) -> None:
+        self.rng = np.random.default_rng([self.seed, 0 if episode_seed is None else int(episode_seed)])
+
+    def __call__(self, rgb96: np.ndarray) -> np.ndarray:
+        return check_frame(self.fn(np.array(rgb96, np.uint8), self.level, self.rng), self.name)

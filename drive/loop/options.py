@@ -99,8 +99,9 @@ class EvalOptions:
     seed: NonNegativeInt = 0
     """ckpt: seed of the controller's sampling"""
     perturb: str = ""
-    """ckpt: perturb the controller's camera, KIND:LEVEL (datasets/perturb.py: noise, blur, occlusion, brightness,
-    domain_randomize); the shadow expert still acts on the privileged state"""
+    """ckpt: a distribution shift (drive/loop/shifts.py): camera KIND:LEVEL (noise, blur, occlusion, brightness,
+    motion_blur, fog, darkness, jpeg, rain, hue), actuation (steer_delay:N, action_noise:STD), domain_randomize, your
+    module:function:LEVEL, or escalate:KIND:L1,L2,..@SECONDS; the shadow expert still acts on the privileged state"""
     failure_horizon: NonNegativeInt = 25
     """ckpt on carracing: failure prediction, AUROC of an event within this many steps (0: off; loop/failures.py)"""
     envs: PositiveInt = 1
