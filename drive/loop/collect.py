@@ -27,7 +27,7 @@ from datasets.files import clean_temp
 from datasets.frames import FRAME_CODINGS
 from drive.errors import UserError
 from drive.loop.envs import ENVS, make_env
-from drive.loop.lanes import act_lanes, lane_copies
+from drive.loop.lanes import act_lanes, cached_lanes
 from drive.loop.options import CollectOptions
 from drive.loop.policies import NoisyPolicy
 from drive.loop.pool import Ticker, check_ray, run_tasks
@@ -77,20 +77,20 @@ def settings_of(opts: CollectOptions) -> dict[str, Any]:
     return {key: getattr(opts, key) for key in DATA_SETTINGS}
 
 
-_CACHE: dict[tuple, list[Lane]] = {}  # per process: (settings, K) -> K lanes, built once per worker
+_CACHE: dict[Any, list[Lane]] = {}  # per process: settings -> its lanes, built once per worker
 
 
 def _lanes(settings: dict[str, Any], k: int) -> list[Lane]:
-    key = (tuple(sorted(settings.items())), k)
-    if key not in _CACHE:
-        _CACHE.clear()
-        envs = [make_env(settings["env"], max_episode_steps=settings["max_episode_steps"],
-                         fast_render=settings["fast_render"]) for _ in range(k)]  # fmt: skip
-        space = envs[0].action_space
+    def policy() -> NoisyPolicy:
+        space = make_env(settings["env"], max_episode_steps=1).action_space
         expert = expert_policy(settings["expert"], settings["env"])
-        policy = NoisyPolicy(expert, settings["action_noise"], space.low, space.high, settings["noise_seed"])  # type: ignore[attr-defined]
-        _CACHE[key] = [Lane(env, p) for env, p in zip(envs, lane_copies(policy, k), strict=True)]
-    return _CACHE[key]
+        return NoisyPolicy(expert, settings["action_noise"], space.low, space.high, settings["noise_seed"])  # type: ignore[attr-defined]
+
+    def lane(p: Any) -> Lane:
+        return Lane(make_env(settings["env"], max_episode_steps=settings["max_episode_steps"],
+                             fast_render=settings["fast_render"]), p)  # fmt: skip
+
+    return cached_lanes(_CACHE, tuple(sorted(settings.items())), k, policy, lane)
 
 
 RecorderFactory = Callable[[dict[str, Any]], Any]

@@ -48,7 +48,7 @@ from drive.errors import UserError
 from drive.loop.collect import intact, lock, record_lanes
 from drive.loop.envs import make_env
 from drive.loop.fallback import FallbackConfig
-from drive.loop.lanes import lane_copies
+from drive.loop.lanes import cached_lanes
 from drive.loop.options import DaggerOptions
 from drive.loop.policies import ControllerPolicy
 from drive.loop.pool import run_tasks
@@ -96,21 +96,23 @@ class MixedPolicy:
                             out.prediction, out.internals, out.expert, out.latency_ms, out.gate, out.frame)  # fmt: skip
 
 
-_CACHE: dict[tuple, list[Lane]] = {}  # per process: (settings, K) -> K lanes sharing one clone
+_CACHE: dict[Any, list[Lane]] = {}  # per process: settings -> its lanes (one clone), built once per worker
 
 
 def dagger_episodes(root: str, settings: dict[str, Any], seeds: list[int], tick: Callable[[int], None] | None = None,
                     recorder: Callable[[dict[str, Any]], Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """One DAgger episode per seed, len(seeds) cars at once (one clone call per step); each shard is written as its
     episode ends. Returns the manifest records in seed order."""
-    key = (tuple(sorted(settings.items())), len(seeds))
-    if key not in _CACHE:
-        _CACHE.clear()
+
+    def policy() -> MixedPolicy:
         clone = controller_policy(settings["ckpt"], settings["samples"], settings["seed"], settings["expert"],
                                   env=settings["env"])  # fmt: skip
-        policy = MixedPolicy(clone, settings["beta"], settings["seed"], settings.get("query_threshold"))
-        _CACHE[key] = [Lane(make_env(settings["env"], max_episode_steps=settings["max_episode_steps"]), p)
-                       for p in lane_copies(policy, len(seeds))]  # fmt: skip
+        return MixedPolicy(clone, settings["beta"], settings["seed"], settings.get("query_threshold"))
+
+    def lane(p: Any) -> Lane:
+        return Lane(make_env(settings["env"], max_episode_steps=settings["max_episode_steps"]), p)
+
+    lanes = cached_lanes(_CACHE, tuple(sorted(settings.items())), len(seeds), policy, lane)
     assert recorder is not None, "dagger_episodes needs the recorder factory"
 
     def record_of(result: EpisodeResult, episode: Any) -> dict[str, Any]:
@@ -120,7 +122,7 @@ def dagger_episodes(root: str, settings: dict[str, Any], seeds: list[int], tick:
                       labels=int(np.isfinite(arrays["label"]).all(1).sum()))  # fmt: skip
         return record
 
-    return record_lanes(_CACHE[key], seeds, tick, lambda: recorder(settings), record_of)
+    return record_lanes(lanes, seeds, tick, lambda: recorder(settings), record_of)
 
 
 def _link(src: Path, dst: Path) -> None:

@@ -21,19 +21,18 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from datasets.perturb import parse_perturbation
 from drive.devices import resolve
 from drive.errors import UserError
 from drive.loop.envs import make_env
 from drive.loop.failures import FailureMonitor, failure_report, nominal_thresholds, split_traces
 from drive.loop.fallback import FallbackConfig
-from drive.loop.lanes import act_lanes, lane_copies
+from drive.loop.lanes import act_lanes, cached_lanes
 from drive.loop.options import EvalOptions
-from drive.loop.perturb import perturbed_env
 from drive.loop.policies import aggregate
 from drive.loop.pool import Ticker, run_tasks
 from drive.loop.rollout import EpisodeResult, Lane, Observer, run_lanes
 from drive.loop.seeds import parse_seeds
+from drive.loop.shifts import parse_shift, shifted_env
 from drive.loop.specs import default_shadow, make_policy, parse_policy_spec
 from drive.loop.thresholds import fallback_for_command
 from sim_bridges.carracing import IDX
@@ -41,24 +40,27 @@ from sim_bridges.carracing import IDX
 ObserverFactory = Callable[[gym.Env, str], Observer]
 
 
-_CACHE: dict[tuple, list[Lane]] = {}  # per process: (spec, settings, K) -> the K lanes, built once per worker
+_CACHE: dict[Any, list[Lane]] = {}  # per process: (spec, settings, observers) -> its lanes, built once per worker
 
 
 def _lanes(spec: str, settings: Mapping[str, Any], k: int, observers: ObserverFactory | None) -> list[Lane]:
-    key = (spec, tuple(sorted(settings.items())), k, observers is not None)
-    if key not in _CACHE:
-        _CACHE.clear()
-        policy = make_policy(spec, settings["env"], **dict(settings.get("policy_options", ())))
-        lanes = []
-        for lane_policy in lane_copies(policy, k):  # one model, K episode states
-            env = make_env(settings["env"], pixels=bool(getattr(policy, "needs_pixels", True)),
-                           max_episode_steps=settings["max_episode_steps"])  # fmt: skip
-            env = perturbed_env(env, parse_perturbation(settings["perturb"]) if settings.get("perturb") else None)
-            built = [observers(env, spec)] if observers is not None else []
-            monitor = [FailureMonitor(IDX["heading_error"])] if settings.get("failures") else []
-            lanes.append(Lane(env, lane_policy, [*built, *monitor]))
-        _CACHE[key] = lanes
-    return _CACHE[key]
+    def lane(policy: Any) -> Lane:
+        env = make_env(settings["env"], pixels=bool(getattr(policy, "needs_pixels", True)),
+                       max_episode_steps=settings["max_episode_steps"])  # fmt: skip
+        env = shifted_env(env, parse_shift(settings["perturb"]) if settings.get("perturb") else None)
+        built = [observers(env, spec)] if observers is not None else []
+        monitor = [FailureMonitor(IDX["heading_error"])] if settings.get("failures") else []
+        return Lane(env, policy, [*built, *monitor])
+
+    def policy() -> Any:
+        return make_policy(spec, settings["env"], **dict(settings.get("policy_options", ())))
+
+    try:
+        hash(observers)
+        factory: Any = observers
+    except TypeError:
+        factory = id(observers)
+    return cached_lanes(_CACHE, (spec, tuple(sorted(settings.items())), factory), k, policy, lane)
 
 
 def evaluate_episodes(spec: str, settings: Mapping[str, Any], seeds: Sequence[int],
@@ -72,9 +74,10 @@ def evaluate_episodes(spec: str, settings: Mapping[str, Any], seeds: Sequence[in
     start = time.perf_counter()
     records: dict[int, dict[str, Any]] = {}
 
-    def finished(j: int, result: EpisodeResult) -> None:
-        monitor = [o for o in lanes[j].observers if isinstance(o, FailureMonitor)]
-        traces = monitor[0].episode() if monitor else {}
+    def finished(j: int, result: EpisodeResult) -> None:  # per-step traces of the observers that keep them
+        traces = {
+            k: v for o in lanes[j].observers if hasattr(o, "episode_traces") for k, v in o.episode_traces().items()
+        }
         records[result.seed] = {**result.to_dict(), **traces, "wall_s": time.perf_counter() - start}
 
     run_lanes(runs, list(seeds), act_lanes, finished)
@@ -132,7 +135,7 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
         if kind != "ckpt" or opts.env != "carracing":
             raise UserError("--perturb applies to a trained controller (ckpt:PATH) on carracing")
         try:
-            parse_perturbation(opts.perturb)
+            parse_shift(opts.perturb)
         except ValueError as exc:
             raise UserError(f"--perturb: {exc}") from None
     base = {"env": opts.env, "max_episode_steps": opts.max_episode_steps}

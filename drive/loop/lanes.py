@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -133,3 +133,17 @@ def lane_copies(policy: Any, k: int) -> list[Any]:
         elif hasattr(obj, "__dict__") and not isinstance(obj, type):
             stack.extend(vars(obj).values())
     return [policy] + [copy.deepcopy(policy, dict(shared)) for _ in range(k - 1)]
+
+
+def cached_lanes(cache: dict[Any, list[Any]], key: Any, k: int, policy: Callable[[], Any],
+                 lane: Callable[[Any], Any]) -> list[Any]:  # fmt: skip
+    """The first k lanes of one setting (`key`), built once per process: `policy()` makes the first lane's policy,
+    `lane(policy)` a lane around it, and a task asking for more lanes than were built grows the list (a shorter last
+    task reuses the first ones). `cache` holds one setting at a time."""
+    if key not in cache:
+        cache.clear()
+        cache[key] = [lane(policy())]
+    lanes = cache[key]
+    if len(lanes) < k:
+        lanes += [lane(p) for p in lane_copies(lanes[0].policy, k - len(lanes) + 1)[1:]]
+    return lanes[:k]

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from agents.encoders import FrameTokens
 from datasets.frames import ObservationCoder
@@ -35,7 +35,7 @@ from sim_bridges.carracing import ACTION_HIGH, ACTION_LOW
 
 log = logging.getLogger(__name__)
 
-Z50, Z90 = float(stats.norm.ppf(0.75)), float(stats.norm.ppf(0.95))
+Z50, Z90 = NormalDist().inv_cdf(0.75), NormalDist().inv_cdf(0.95)
 
 
 class ExpertPolicy:
