@@ -3,7 +3,7 @@
 Layout of the dict saved by torch.save:
     format          "drive-checkpoint"
     version         FORMAT_VERSION
-    kind            "controller" | "expert"
+    kind            "controller" | "expert" | "monitor"
     name            registry name ("nsac", "gmle", ... for controllers; "ppo" for the expert)
     config          the config dataclass as a dict of primitives
     state_dict      the module's tensors (standardisation buffers included)
@@ -123,7 +123,11 @@ def check_seal(path: Path) -> bool:
     return True
 
 
-KIND_NAMES = {"controller": "a trained controller (drive train)", "expert": "an expert (drive expert train)"}
+KIND_NAMES = {
+    "controller": "a trained controller (drive train)",
+    "expert": "an expert (drive expert train)",
+    "monitor": "a misbehaviour monitor (drive monitor train)",
+}
 
 
 def _why_unreadable(exc: Exception) -> str:
@@ -187,3 +191,18 @@ def load_controller(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]
         raise CheckpointError(f"{path}: config/weights do not match controller {name!r}: {detail}") from None
     model.eval()
     return model, payload
+
+
+def load_monitor(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild a black-box misbehaviour monitor (agents/monitors; SelfOracle) from the file; (monitor, payload)."""
+    from agents.monitors.selforacle import SelfOracle, SelfOracleConfig
+
+    payload = read(path, kind="monitor")
+    if payload["name"] != "selforacle":
+        raise CheckpointError(f"{path}: unknown monitor {payload['name']!r}; known: selforacle")
+    try:
+        model = SelfOracle(SelfOracleConfig(**payload["config"]))
+        model.load_state_dict(payload["state_dict"])
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: config/weights do not match monitor 'selforacle': {str(exc)[:300]}") from None
+    return model.eval(), payload

@@ -45,6 +45,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("udacity", "record"): "Record the Udacity simulator in its own driving_log.csv format.",
     ("udacity", "standin"): "The Udacity simulator's client, stand-in: a recording or CarRacing over the protocol.",
     ("sa", "calibrate"): "Calibrate inference-time stochastic attention (nu) on a controller.",
+    ("monitor", "train"): "Train SelfOracle (a VAE, the field's black-box misbehaviour monitor) on demo frames.",
     ("bearings", "features"): "Raw bearing vibration folder (PRONOSTIA / XJTU-SY) -> its window-feature CSV.",
     ("bench", "collect"): "Benchmark: stock env vs fast renderer vs collect (1, 2 workers).",
     ("bench", "attention"): "Benchmark: NSAC attention vs torch SDPA, time and memory.",
@@ -55,6 +56,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "render"): "Benchmark: the fast CarRacing renderer against the stock one, per frame.",
     ("bench", "closedloop"): "Benchmark: steps per CPU-second from the bare env (stock, ours, EnvPool) to collect and "
     "eval (K cars, 1-2 workers), with ratios.",
+    ("bench", "misbehaviour"): "Benchmark: misbehaviour prediction (field protocol: TTM windows, F3) and prevention.",
     ("bench", "scale"): "Benchmark: collection on 1, 2 Ray workers and training on 1, 2 DDP ranks, with ratios.",
     ("bench", "offline"): "Benchmark tables of the offline tasks (uci, forecast, spiral): every controller, seed.",
 }

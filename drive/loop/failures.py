@@ -101,7 +101,7 @@ class FailureMonitor:
         elif self._stalled and speed > r.stall_rearm:
             self._stalled = False
 
-    def episode(self) -> dict[str, Any]:
+    def episode_traces(self) -> dict[str, Any]:
         """What the episode's record carries: events (kind, onset step), signals (T, len(SIGNALS)), busy (T,)."""
         return {"events": list(self.events), "signals": np.asarray(self.signals, np.float32).reshape(-1, len(SIGNALS)),
                 "busy": np.asarray(self.busy, bool)}  # fmt: skip

@@ -97,7 +97,7 @@ def test_failure_monitor_finds_off_track_spin_and_stall_onsets():
     infos += [_info(speed=0.2)] * 25 + [_info()] * 3
     for t, info in enumerate(infos):
         mon(_Rec(t, info))
-    ep = mon.episode()
+    ep = mon.episode_traces()
     assert [(e["kind"], e["t"]) for e in ep["events"]] == [("off_track", 60), ("spin", 70), ("stall", 80)]
     assert ep["signals"].shape == (len(infos), len(SIGNALS))
     assert not ep["busy"][60] and ep["busy"][61] and not ep["busy"][66]  # busy: already in the event

@@ -1,0 +1,113 @@
+"""`drive bench misbehaviour`: misbehaviour prediction and prevention in closed loop on the field's protocol.
+
+    drive monitor train --data runs/demos --out runs/selforacle.pt          # SelfOracle, on the demonstrations
+    drive bench misbehaviour --ckpt checkpoints/carracing_nsac.pt --selforacle runs/selforacle.pt --out runs/mb
+
+Per controller: nominal runs on --nominal-seeds (the false-positive windows and the thresholds) and one cell per
+--shifts condition on --seeds, then, with --fallback, every condition again with the fallback engaged at the
+threshold the protocol fits at --level. Monitors: the controller's own uncertainty signals, SelfOracle (with
+--selforacle) and ThirdEye (Grad-CAM of the controller). Scored per monitor x confidence level x TTM in {1, 2, 3} s
+(precision, recall, FPR, F1, F3, AUROC, AUPRC, lead time, 95 % bootstrap intervals over episodes;
+drive/studies/protocol.py), held-out families apart from NSAC's surrogate families. Writes DIR/cells/ (one file
+per finished cell: a rerun resumes), DIR/results.json, DIR/results.md and DIR/f3.png. `--ray` runs the episodes on a
+Ray cluster; the run's CPU time is in results.json. `--report-only` rebuilds the report from the finished cells.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from drive.errors import UserError
+from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Workers
+
+DEFAULT_SHIFTS = (
+    "blur:2", "blur:4", "motion_blur:9", "motion_blur:17", "fog:0.5", "fog:0.8", "darkness:2", "darkness:4",
+    "jpeg:90", "jpeg:97", "rain:40", "hue:90", "occlusion:0.25", "domain_randomize", "steer_delay:6",
+    "action_noise:0.3", "noise:0.2", "brightness:0.4", "escalate:fog:0.3,0.6,0.8,0.9@4",
+    "escalate:motion_blur:5,11,17,25@4",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Config:
+    out: Path
+    """output directory (cells/, results.json, results.md, f3.png); rerunning resumes"""
+    ckpt: tuple[Path, ...] = (Path("checkpoints/carracing_nsac.pt"),)
+    """controller checkpoints (CarRacing, frames), one column block each"""
+    shifts: tuple[str, ...] = DEFAULT_SHIFTS
+    """conditions: KIND:LEVEL, domain_randomize, module:function:LEVEL (yours), escalate:KIND:L1,L2,..@SECONDS"""
+    nominal_seeds: str = "7000-7019"
+    """track seeds of the nominal runs (false-positive windows, thresholds)"""
+    seeds: str = "7100-7119"
+    """track seeds of every shifted condition"""
+    selforacle: Path | None = None
+    """a SelfOracle checkpoint (drive monitor train); without it no SelfOracle column"""
+    thirdeye: bool = True
+    """ThirdEye scores (Grad-CAM of each controller's steering on its newest frame)"""
+    fallback: Literal["off", "expert", "slow"] = "expert"
+    """prevention: rerun every condition with this fallback at the --level threshold (off: prediction only)"""
+    level: OpenUnit = 0.999
+    """the confidence level of the headline table and of the fallback's threshold"""
+    ttm: PositiveInt = 2
+    """the headline table's time to misbehaviour (s)"""
+    bootstrap: PositiveInt = 1000
+    """bootstrap replicates per interval"""
+    samples: PositiveInt | None = None
+    """stochastic samples per step (default: each controller's own)"""
+    max_episode_steps: PositiveInt = 1000
+    """step limit per episode"""
+    workers: Workers = 1
+    """parallel worker processes (with --ray: episodes in flight)"""
+    envs: PositiveInt = 1
+    """cars per worker process, one controller call per step for all"""
+    ray: str | None = None
+    """run the episodes as Ray tasks: local, auto or HOST:PORT"""
+    seed: NonNegativeInt = 0
+    """the controllers' sampling seed and the bootstrap's"""
+    progress: bool = True
+    """progress bars"""
+    report_only: bool = False
+    """rebuild results from the finished cells, run nothing"""
+
+
+def run(cfg: Config) -> int:
+    from drive.loop.pool import check_ray
+    from drive.loop.seeds import parse_seeds
+    from drive.loop.shifts import parse_shift  # the simulator, OpenCV and torch: not for `--help`
+    from drive.studies.misbehaviour import Plan, RunSettings, run_plan
+    from drive.studies.misbehaviour_text import headline, write_report
+
+    if not cfg.ckpt:
+        raise UserError("give at least one --ckpt")
+    for spec in cfg.shifts:
+        try:
+            parse_shift(spec)
+        except ValueError as exc:
+            raise UserError(f"--shifts {spec!r}: {exc}") from None
+    if cfg.selforacle is not None and not cfg.selforacle.is_file():
+        raise UserError(f"--selforacle {cfg.selforacle}: no such file (train one: drive monitor train)")
+    check_ray(cfg.ray)
+    plan = Plan(controllers=tuple(str(p) for p in cfg.ckpt), shifts=cfg.shifts,
+                nominal_seeds=tuple(parse_seeds(cfg.nominal_seeds)), seeds=tuple(parse_seeds(cfg.seeds)),
+                fallback=cfg.fallback, level=cfg.level, ttm=cfg.ttm, n_boot=cfg.bootstrap, seed=cfg.seed)  # fmt: skip
+
+    settings = RunSettings(max_episode_steps=cfg.max_episode_steps, samples=cfg.samples, seed=cfg.seed,
+                           workers=cfg.workers, envs=cfg.envs, ray=cfg.ray, progress=cfg.progress,
+                           selforacle=str(cfg.selforacle) if cfg.selforacle else None,
+                           thirdeye=cfg.thirdeye)  # fmt: skip
+    start, cpu0 = time.perf_counter(), _cpu_s()
+    results = run_plan(cfg.out, plan, settings, run_missing=not cfg.report_only)
+    results["this_run"] = {"wall_s": time.perf_counter() - start, "cpu_s": _cpu_s() - cpu0}
+    paths = write_report(cfg.out, results)
+    print(headline(results))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime

@@ -1,0 +1,1 @@
+"""`drive monitor ...`: black-box misbehaviour monitors."""

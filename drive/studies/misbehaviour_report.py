@@ -1,0 +1,154 @@
+"""The misbehaviour benchmark's tables: prediction on the field's protocol per monitor, prevention and its cost.
+
+Prediction (drive/studies/protocol.py): per controller and monitor, nominal-condition episodes without a
+misbehaviour give the false-positive windows and the threshold (Gamma fit at each confidence level); shifted episodes
+give one window per misbehaviour at each TTM. Shifted conditions are grouped by family: `held_out` (families no
+method trained on: the headline), `surrogate` (the families NSAC's training surrogate draws from: additive pixel
+noise and a gain, i.e. `noise` and `brightness`; reported apart, never in the headline) and each family alone.
+Nominal-condition episodes that do misbehave are left out of the false-positive set and counted.
+
+Prevention (cells with the fallback engaged at the nominal threshold of the controller's epistemic steering variance
+at the chosen level), per condition, paired by seed with the ungated cell: misbehaviours without and with the
+fallback and the share prevented, mean return without and with it, and the false-alarm cost: interventions per km
+and the share of steps handed over, on nominal runs and on benign shifts (episodes of shifted conditions in which the
+ungated controller drove without a misbehaviour). Distance: visited tiles x CarRacing's TRACK_DETAIL_STEP (3.5 m).
+Every figure carries a 95 % bootstrap interval over episodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from drive.loop.failures import SIGNALS
+from drive.studies import protocol
+
+NOMINAL = "nominal"  # the clean-camera condition of every controller
+TILE_M = 21 / 6.0  # gymnasium car_racing.py TRACK_DETAIL_STEP: one road tile, in metres
+PUBLISHED = [  # the field's own figures, on the Udacity simulator: beside ours, not the same setting
+    ("SelfOracle (Stocco et al., ICSE 2020)", "predicts 77 % of misbehaviours up to 6 s ahead"),
+    ("ThirdEye (Stocco et al., ASE 2022)", "predicts 98 % of misbehaviours up to 3 s ahead"),
+    ("MC dropout / deep ensembles (Grewal, Tonella & Stocco, ICST 2024)", "F3 up to 0.94, almost no false alarms"),
+    ("DeepGuard (prevention)", "prevents up to 89 % of predicted misbehaviours"),
+]
+
+
+def family(condition: str) -> tuple[str, bool]:
+    """(the shift family of a condition spec, whether NSAC's training surrogate draws from it):
+    drive/loop/shifts.py `parse_shift` decides both (`escalate:fog:...` -> fog; a user function -> user:...)."""
+    from drive.loop.shifts import parse_shift
+
+    shift = parse_shift(condition)
+    return shift.family, shift.surrogate_family
+
+
+def scores_of(episode: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Every monitor's per-step scores of one episode: the controller's own signals, then SelfOracle / ThirdEye."""
+    out = {name: np.asarray(episode["signals"])[:, j] for j, name in enumerate(SIGNALS)}
+    extra = np.asarray(episode.get("monitor_scores", np.zeros((0, 0))))
+    for j, name in enumerate(episode.get("monitor_names", [])):
+        out[name] = extra[:, j]
+    return out
+
+
+def _onsets(episode: Mapping[str, Any]) -> list[int]:
+    return sorted({int(e["t"]) for e in episode.get("events", [])})
+
+
+def groups(conditions: Sequence[str]) -> dict[str, list[str]]:
+    """held_out, surrogate and one group per family, each its shifted conditions."""
+    shifted = {c: family(c) for c in conditions if c != NOMINAL}
+    out = {"held_out": [c for c, (_, surrogate) in shifted.items() if not surrogate],
+           "surrogate": [c for c, (_, surrogate) in shifted.items() if surrogate]}  # fmt: skip
+    for c, (name, _) in shifted.items():
+        out.setdefault(f"family:{name}", []).append(c)
+    return {k: v for k, v in out.items() if v}
+
+
+def prediction(cells: Mapping[str, Mapping[str, Any]], cfg: protocol.ProtocolConfig, levels: Sequence[float],
+               ttms: Sequence[int], n_boot: int, seed: int) -> dict[str, Any]:  # fmt: skip
+    """{group: {monitor: [row dicts]}} for one controller's ungated cells ({condition: cell})."""
+    nominal_eps = [ep for ep in cells[NOMINAL]["episodes"] if not _onsets(ep)]
+    out: dict[str, Any] = {
+        "nominal_episodes": len(nominal_eps),
+        "nominal_misbehaving": len(cells[NOMINAL]["episodes"]) - len(nominal_eps),
+        "groups": {},
+    }
+    monitors = list(scores_of(cells[NOMINAL]["episodes"][0])) if cells[NOMINAL]["episodes"] else []
+    for group, conditions in groups(list(cells)).items():
+        shifted = [ep for c in conditions for ep in cells[c]["episodes"] if _onsets(ep)]
+        table: dict[str, Any] = {"conditions": conditions, "misbehaving_episodes": len(shifted),
+                                 "misbehaviours": sum(len(_onsets(ep)) for ep in shifted), "monitors": {}}  # fmt: skip
+        if shifted and nominal_eps:
+            for monitor in monitors:
+                episodes = [protocol.Episode(scores_of(ep)[monitor], nominal=True) for ep in nominal_eps]
+                episodes += [protocol.Episode(scores_of(ep)[monitor], _onsets(ep), busy=np.asarray(ep["busy"]))
+                             for ep in shifted]  # fmt: skip
+                rows = protocol.evaluate(episodes, cfg, levels, ttms, n_boot, seed)
+                table["monitors"][monitor] = [_row(r) for r in rows]
+        out["groups"][group] = table
+    return out
+
+
+def _row(row: protocol.Row) -> dict[str, Any]:
+    return {"level": row.level, "ttm": row.ttm, "value": row.value._asdict(), "low": row.low._asdict(),
+            "high": row.high._asdict(), "before_start": row.before_start, "overlap": row.overlap,
+            "merged": row.merged}  # fmt: skip
+
+
+def nominal_threshold(nominal: Mapping[str, Any], level: float, cfg: protocol.ProtocolConfig) -> float:
+    """The fallback's threshold: the protocol's threshold on the epistemic steering variance of nominal runs."""
+    windows = [protocol.nominal_windows(scores_of(ep)["epistemic_steer"], cfg) for ep in nominal["episodes"]
+               if not _onsets(ep)]  # fmt: skip
+    values = np.concatenate(windows) if windows else np.zeros(0)
+    if len(values) < 2:
+        raise ValueError("too few nominal windows to fit the fallback threshold: give more --nominal-seeds")
+    return float(protocol.fit_threshold(values, [level], cfg.threshold_fit)[0])
+
+
+def _interval(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: int) -> dict[str, float]:
+    value = stat(np.arange(n))
+    if n == 0:
+        return {"value": math.nan, "low": math.nan, "high": math.nan}
+    low, high = protocol.bootstrap(lambda idx: np.array(stat(idx)), (n,), n_boot, seed)
+    return {"value": float(value), "low": float(low), "high": float(high)}
+
+
+def prevention(ungated: Mapping[str, Any], gated: Mapping[str, Any], n_boot: int, seed: int) -> dict[str, Any]:
+    """One condition's prevention figures, episodes paired by seed (see the module docstring)."""
+    plain = {ep["seed"]: ep for ep in ungated["episodes"]}
+    pairs = [(plain[ep["seed"]], ep) for ep in gated["episodes"] if ep["seed"] in plain]
+    before = np.array([len(_onsets(a)) for a, _ in pairs], float)
+    after = np.array([len(_onsets(b)) for _, b in pairs], float)
+    ret_a = np.array([a["return"] for a, _ in pairs], float)
+    ret_b = np.array([b["return"] for _, b in pairs], float)
+    km = np.array([max(b.get("tiles", 0), 1) * TILE_M / 1000 for _, b in pairs])
+    interventions = np.array([b.get("n_interventions", 0) for _, b in pairs], float)
+    handed = np.array([b.get("fallback_fraction", 0.0) for _, b in pairs], float)
+    benign = before == 0
+
+    def ratio(num: np.ndarray, den: np.ndarray) -> Callable[[np.ndarray], float]:
+        return lambda idx: float(num[idx].sum() / den[idx].sum()) if den[idx].sum() > 0 else math.nan
+
+    n = len(pairs)
+    return {
+        "episodes": n, "misbehaviours_without": int(before.sum()), "misbehaviours_with": int(after.sum()),
+        "prevented": _interval(lambda idx: 1 - ratio(after, before)(idx) if before[idx].sum() else math.nan, n,
+                               n_boot, seed),
+        "return_without": _interval(lambda idx: float(ret_a[idx].mean()), n, n_boot, seed),
+        "return_with": _interval(lambda idx: float(ret_b[idx].mean()), n, n_boot, seed),
+        "interventions_per_km": _interval(ratio(interventions, km), n, n_boot, seed),
+        "benign_episodes": int(benign.sum()),
+        "handed_over_benign": _interval(lambda idx: float(handed[idx][benign[idx]].mean())
+                                        if benign[idx].any() else math.nan, n, n_boot, seed),
+    }  # fmt: skip
+
+
+def protocol_settings(cfg: protocol.ProtocolConfig) -> dict[str, Any]:
+    return {**asdict(cfg), "window_steps": cfg.fps,
+            "windows": "TTM s: frames [onset - TTM*fps, onset - (TTM-1)*fps); nominal: consecutive fps-frame windows "
+                       "of the trailing-mean score; a window's score is its max"}  # fmt: skip

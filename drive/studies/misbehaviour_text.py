@@ -1,0 +1,126 @@
+"""The misbehaviour benchmark's report: results.json (no machine paths), results.md (tables with intervals, the
+field's published figures beside ours, labelled) and f3.png (F3 against TTM per monitor, held-out families)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from datasets.files import atomic_write
+from datasets.root import portable
+
+
+def _ci(v: dict[str, float], key: str | None = None, fmt: str = ".2f") -> str:
+    value, low, high = (v["value"], v["low"], v["high"]) if key is None else (v["value"][key], v["low"][key],
+                                                                               v["high"][key])  # fmt: skip
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    interval = "" if math.isnan(low) or math.isnan(high) else f" [{low:{fmt}}, {high:{fmt}}]"
+    return f"{value:{fmt}}{interval}"
+
+
+def _pick(rows: list[dict[str, Any]], level: float, ttm: int) -> dict[str, Any] | None:
+    return next((r for r in rows if abs(r["level"] - level) < 1e-12 and r["ttm"] == ttm), None)
+
+
+def prediction_table(results: dict[str, Any], group: str) -> list[str]:
+    plan = results["plan"]
+    lines = ["| controller | monitor | misbehaviours | recall | FPR | F3 | AUROC | median lead (s) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for controller, entry in results["controllers"].items():
+        table = entry.get("prediction", {}).get("groups", {}).get(group)
+        if not table:
+            continue
+        for monitor, rows in table["monitors"].items():
+            row = _pick(rows, plan["level"], plan["ttm"])
+            if row is None:
+                continue
+            lines.append(f"| {Path(controller).name} | {monitor} | {table['misbehaviours']} | {_ci(row, 'recall')} | "
+                         f"{_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
+                         f"{_ci(row, 'median_lead_s', '.1f')} |")  # fmt: skip
+    return lines
+
+
+def prevention_table(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "| controller | condition | misbehaviours without → with | prevented | return without | return with | "
+        "interventions / km | steps handed over (benign episodes) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for controller, entry in results["controllers"].items():
+        fb = entry.get("fallback")
+        if not fb:
+            continue
+        for condition, p in fb["conditions"].items():
+            lines.append(f"| {Path(controller).name} | {condition} | {p['misbehaviours_without']} → "
+                         f"{p['misbehaviours_with']} | {_ci(p['prevented'])} | {_ci(p['return_without'], fmt='.0f')} "
+                         f"| {_ci(p['return_with'], fmt='.0f')} | {_ci(p['interventions_per_km'])} | "
+                         f"{_ci(p['handed_over_benign'], fmt='.3f')} ({p['benign_episodes']}) |")  # fmt: skip
+    return lines
+
+
+def headline(results: dict[str, Any]) -> str:
+    plan = results["plan"]
+    head = (
+        f"held-out shift families, TTM {plan['ttm']} s, confidence level {plan['level']} "
+        "(value [95 % bootstrap interval over episodes]):"
+    )
+    return "\n".join([head, *prediction_table(results, "held_out")])
+
+
+def markdown(results: dict[str, Any]) -> str:
+    plan = results["plan"]
+    run = results.get("this_run", {})
+    lines = ["# Misbehaviour prediction and prevention (`drive bench misbehaviour`)", "",
+             f"Controllers: {', '.join(plan['controllers'])}; nominal seeds {len(plan['nominal_seeds'])}, "
+             f"{len(plan['seeds'])} seeds per shifted condition; levels {plan['levels']}, TTM {plan['ttms']} s; "
+             f"{plan['n_boot']} bootstrap replicates. Windows: {results['protocol']['windows']}.", "",
+             "## Prediction on held-out families (the headline)", "", headline(results), "",
+             "## Prediction on NSAC's surrogate families (noise, brightness: trained on, reported apart)", "",
+             *prediction_table(results, "surrogate"), "", "## Prevention and its false-alarm cost", "",
+             f"The fallback ({plan['fallback']}) engages when the controller's epistemic steering variance exceeds "
+             f"the protocol's threshold at level {plan['level']} on nominal runs.", "", *prevention_table(results), "",
+             "## The field's published figures (Udacity simulator: another setting, beside ours)", "",
+             *(f"- {who}: {what}" for who, what in results["published"]), "",
+             f"Cost: this run {run.get('wall_s', 0) / 3600:.2f} h wall, {run.get('cpu_s', 0) / 3600:.2f} CPU-hours "
+             f"(this process and its pool workers; Ray workers not counted); all cells "
+             f"{results.get('cells_wall_s', 0) / 3600:.2f} h wall.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_f3(results: dict[str, Any], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan = results["plan"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = False
+    for controller, entry in results["controllers"].items():
+        table = entry.get("prediction", {}).get("groups", {}).get("held_out")
+        for monitor, rows in (table or {}).get("monitors", {}).items():
+            picked = [_pick(rows, plan["level"], t) for t in plan["ttms"]]
+            f3 = [r["value"]["f3"] if r else math.nan for r in picked]
+            ax.plot(plan["ttms"], f3, marker="o", label=f"{Path(controller).name}: {monitor}")
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set(xlabel="time to misbehaviour (s)", ylabel="F3", title=f"held-out families, level {plan['level']}",
+           ylim=(0, 1))  # fmt: skip
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, results: dict[str, Any]) -> list[Path]:
+    results = portable(results)
+    atomic_write(out / "results.json", (json.dumps(results, indent=1, default=float) + "\n").encode())
+    atomic_write(out / "results.md", markdown(results).encode())
+    figure = plot_f3(results, out / "f3.png")
+    return [out / "results.json", out / "results.md", *([figure] if figure else [])]

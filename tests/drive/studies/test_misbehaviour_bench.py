@@ -1,0 +1,80 @@
+"""`drive bench misbehaviour` end to end, tiny: a user's camera perturbation plugged in by spec, the field's table
+and the prevention table written, and a benchmark killed half-way resumes to exactly the uninterrupted results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from drive.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+NSAC = ROOT / "checkpoints" / "carracing_nsac.pt"
+PLUGIN = '''
+import numpy as np
+
+def veil(frame, level, rng):
+    """A user's perturbation: the camera fades to black as level goes to 1."""
+    return (frame.astype(np.float64) * (1.0 - level)).astype(np.uint8)
+'''
+VOLATILE = {"seconds", "wall_s", "cpu_s", "cells_wall_s", "this_run", "latency_ms_p50", "latency_ms_p95"}
+
+pytestmark = pytest.mark.skipif(not NSAC.exists(), reason="the shipped NSAC checkpoint is absent")
+
+
+def _args(out: Path) -> list[str]:
+    return ["bench", "misbehaviour", "--out", str(out), "--shifts", "userveil:veil:0.97",
+            "--nominal-seeds", "7000-7001", "--seeds", "7100-7101", "--max-episode-steps", "150",
+            "--bootstrap", "20", "--no-thirdeye", "--no-progress"]  # fmt: skip
+
+
+def _stable(value):
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    return value
+
+
+def test_a_plugged_in_shift_is_benchmarked_and_a_killed_run_resumes_to_the_same_results(tmp_path, monkeypatch):
+    (tmp_path / "userveil.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    whole = tmp_path / "whole"
+    assert main(_args(whole)) == 0
+    results = json.loads((whole / "results.json").read_text())
+    entry = results["controllers"][next(iter(results["controllers"]))]
+    groups = entry["prediction"]["groups"]
+    assert set(groups) >= {"held_out", "family:user:userveil:veil"} and "surrogate" not in groups
+    held_out = groups["held_out"]
+    assert held_out["misbehaviours"] > 0, "a camera faded to 3 % should put the car off the road"
+    rows = held_out["monitors"]["epistemic_steer"]
+    assert {(r["level"], r["ttm"]) for r in rows} == {(lv, t) for lv in results["plan"]["levels"] for t in (1, 2, 3)}
+    for row in rows:
+        assert (
+            row["low"]["fpr"] <= row["value"]["fpr"] <= row["high"]["fpr"] or row["value"]["fpr"] != row["value"]["fpr"]
+        )
+    prevention = entry["fallback"]["conditions"]
+    assert set(prevention) == {"nominal", "userveil:veil:0.97"}
+    assert "| carracing_nsac.pt | epistemic_steer |" in (whole / "results.md").read_text()
+
+    # the same benchmark killed once its first cell is on disk, then rerun: the same results
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "drive", *_args(killed)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not list(killed.glob("cells/*/*.npz")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list(killed.glob("cells/*/*.npz")))
+    assert 1 <= done < 4 and not (killed / "results.json").exists(), done
+    assert main(_args(killed)) == 0
+    assert _stable(json.loads((killed / "results.json").read_text())) == _stable(results)
