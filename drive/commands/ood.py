@@ -47,6 +47,9 @@ class Config:
     """seed of the perturbations and of the controllers' sampling"""
     threads: PositiveInt = 1
     """torch CPU threads"""
+    data: Path | None = None
+    """the checkpoints' demonstrations when they are not where the fingerprint says (a fresh clone): a folder that
+    `drive collect` regenerated (the error names the command)"""
 
 
 def _raw(ep, max_steps: int) -> np.ndarray:
@@ -68,12 +71,13 @@ def _inputs(cfg: Config, perturbations, coders: dict[tuple, ObservationCoder]):
     """{coder key: {'clean' | str(p): (N, k, 84, 84)}} over the test episodes of the first checkpoint's data."""
     import torch
 
+    from datasets.demonstrations import relocate
     from datasets.perturb import WORLD_KINDS, FramePerturber
     from drive import checkpoint
     from drive.learn.ood import code_stacks, test_episodes
     from drive.loop.perturb import replay_frames
 
-    fingerprint = checkpoint.read(cfg.ckpt[0], kind="controller").get("data", {})
+    fingerprint = relocate(checkpoint.read(cfg.ckpt[0], kind="controller").get("data", {}), cfg.data)
     stacks: dict[tuple, dict[str, list[torch.Tensor]]] = {key: {} for key in coders}
     for ep in test_episodes(fingerprint, cfg.max_episodes):
         steps = np.arange(0, len(ep), cfg.every)

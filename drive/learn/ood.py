@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from datasets.demonstrations import Demonstrations, Episode
+from datasets.demonstrations import Demonstrations, Episode, require_episodes
 from datasets.frames import ObservationCoder
 from drive import metrics
 from drive.errors import UserError
@@ -32,10 +32,9 @@ def test_episodes(fingerprint: Mapping[str, Any], max_episodes: int = 0) -> Iter
     if fingerprint.get("task") not in (None, "demos") or "test_seeds" not in fingerprint:
         raise UserError(f"drive ood needs a controller trained on demonstrations (task {fingerprint.get('task')!r})")
     root = Path(fingerprint.get("test_data") or fingerprint["path"])
-    if not root.exists():
-        raise UserError(f"{root}: the checkpoint's test data is not here (data fingerprint path)")
-    data = Demonstrations(root, include_flagged=True)
     seeds = [int(s) for s in fingerprint["test_seeds"]]
+    require_episodes(root, seeds[:max_episodes] if max_episodes > 0 else seeds, dict(fingerprint))
+    data = Demonstrations(root, include_flagged=True)
     for seed in seeds[:max_episodes] if max_episodes > 0 else seeds:
         yield data.load(seed)
 

@@ -93,6 +93,9 @@ class SAOptions:
     """inputs per encoder batch and per SA forward chunk (bounds memory)"""
     progress: bool = True
     """show a progress bar over the Bayesian-optimisation evaluations"""
+    data: Path | None = None
+    """the checkpoint's data when it is not where its fingerprint says (a fresh clone): demonstrations regenerated
+    by `drive collect` (the error names the command), or a task's data root"""
 
 
 SELECT = ("val_nll", "val_mse")  # the validation score that picks best.pt and stops early

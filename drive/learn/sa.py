@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from agents.base import Prediction
 from agents.layers.stochastic_attention import stochastic_attention
 from agents.sa import calibrate_nu
+from datasets.demonstrations import relocate
 from drive import metrics
 from drive.checkpoint import load_controller
 from drive.errors import UserError
@@ -178,7 +179,14 @@ def calibrate(opts: SAOptions) -> dict:
     refusal = getattr(model, "sa_refusal", None)
     if refusal:
         raise UserError(f"{opts.ckpt}: controller {name!r} has no deterministic base pass: {refusal}")
-    data = tasks.rebuild(payload.get("data", {}))
+    fingerprint = dict(payload.get("data", {}))
+    if opts.data is not None:  # demonstrations regenerated elsewhere, or another data root
+        fingerprint = (
+            dict(relocate(fingerprint, opts.data))
+            if fingerprint.get("task") == "demos"
+            else {**fingerprint, "data_path": str(opts.data)}
+        )
+    data = tasks.rebuild(fingerprint)
     x_cal, y_cal = _calibration_batch(data.val, opts.frames)
     log.info("%s: %d calibration inputs, %d test inputs", opts.ckpt, len(x_cal), len(data.test))
     without = test_report(model, data.test, data.target_names, opts.batch_size, opts.seed)

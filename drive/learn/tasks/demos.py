@@ -44,7 +44,7 @@ import torch
 
 from agents.checks import at_least, in_range
 from agents.encoders import EncoderConfig
-from datasets.demonstrations import Demonstrations
+from datasets.demonstrations import Demonstrations, require_episodes
 from datasets.frames import code_frames, fingerprint_coding, input_transform
 from drive import metrics
 from drive.errors import UserError
@@ -241,6 +241,8 @@ def rebuild(fp: dict[str, Any]) -> TaskData:
     if missing:
         raise UserError(f"the checkpoint's demos fingerprint lacks {missing}")
     coding, input_name, stride = fingerprint_coding(fp), str(fp.get("input", "frames")), int(fp.get("stride", 1))
+    if not fp.get("test_data"):
+        require_episodes(Path(fp["path"]), [*fp["train_seeds"], *fp["val_seeds"], *fp["test_seeds"]], fp)
     demos = Demonstrations(Path(fp["path"]), include_flagged=True)
     test_demos = Demonstrations(Path(fp["test_data"]), include_flagged=True) if fp.get("test_data") else demos
     train = gather(demos, fp["train_seeds"], stride, coding, input_name)
