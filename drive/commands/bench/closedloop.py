@@ -69,8 +69,9 @@ class Config:
     """eval: cars per process (K) of the 1-worker runs; the best per core runs again on 2 workers"""
     eval_episodes: PositiveInt = 16
     """episodes per 1-worker eval run (the 2-worker run drives twice as many)"""
-    eval_max_episode_steps: PositiveInt = 100
-    """step limit per eval episode (a controller step costs ~10x an env step: short episodes keep the run short)"""
+    eval_max_episode_steps: PositiveInt = 1000
+    """step limit per eval episode: full episodes, like the env loops (a reset builds a track: in short episodes its
+    cost would be charged to the eval rows)"""
     first_seed: NonNegativeInt = 5000
     """track seeds of every run: first_seed, first_seed + 1, ..."""
     envpool_python: str | None = None
