@@ -1,27 +1,38 @@
 """Fast CarRacing-v3 `state_pixels` renderer, bit-for-bit identical to gymnasium 1.4.0's `_render`.
 
-Stock rendering spends most of its time in Python: every frame it rotates each vertex of 400 grass patches and
-~600 road polygons through `pygame.math.Vector2`, scan-fills a background polygon over ~15,000 mostly off-screen
-rows, flips the 1000x800 surface and loads the font from disk. Here the same float maths runs vectorised in
-numpy and the same pygame/SDL_gfx calls get the same integer vertices, in the same order. Skipped is only work
-that provably changes no pixel of the 96x96 output:
+Stock rendering draws a 1000x800 surface through ~1000 Python-level pygame/SDL_gfx calls, flips it and
+smoothscales it to 96x96. Here the frame comes from exact integer re-implementations, in numba, of each step:
+SDL_gfx's aapolygon + filled_polygon for background, grass and road (`sim_bridges.raster`), pygame's polygon
+fill for the car (`sim_bridges.raster_car`) and smoothscale's two area-averaging passes (`sim_bridges.shrink`),
+computed only over what reaches the output: rows 0..99 before the flip end up under the opaque indicator bar, and
+of each surviving row only its 96 X-shrunk values matter, so rows are kept as runs of one colour per output
+pixel ("tiles") plus the few pixels that differ (see `sim_bridges.raster`). The float maths that gives the
+integer vertices -- Vector2.rotate_rad, pybox2d's float32 b2Mul for the car -- and stock's culling run in numba
+(`sim_bridges.view`), tested bit for bit against the numpy reference in `sim_bridges.render_geometry`. The
+indicator bar and score are drawn on a tiled canvas of their own and X-shrunk by the same kernel, and kept as
+they are while their integer inputs do not change (`sim_bridges.indicators`).
 
-- polygons stock culls (its MAX_SHAPE_DIM test, reproduced) or whose pixels all miss the surviving rows: rows
-  0..99 before the flip end up under the opaque indicator bar. A world-space bounding-circle prefilter, then
-  the integer bounding box padded for anti-aliased edge pixels, decide;
-- the background scan-fill, replaced by `Surface.fill` with the pixel value SDL_gfx writes, when SDL_gfx's
-  integer scanline maths provably covers every surviving row (`_fill_covers_visible_rows`); else stock calls;
-- the full-size flip: smoothscale is separable, so the world is X-shrunk unflipped and only 96-pixel rows flip;
+Departures from drawing everything, each proven not to change a pixel:
+- polygons stock culls (its MAX_SHAPE_DIM test, reproduced) or whose pixels all miss the surviving rows;
+- the background polygon when SDL_gfx's scanline maths provably covers every surviving row
+  (`_fill_covers_visible_rows`): a plain fill instead;
+- outline pixels a polygon's own fill paints over right after; the full-size flip (only 96-wide rows flip);
 - the font load (cached) and re-rendering an unchanged score string.
+Where an integer guarantee of the kernels does not hold (a coordinate past +-4096 px, where SDL_gfx's int32 maths
+could overflow; the smoothscale backend neither SSE/SSE2 nor GENERIC; a surface format other than XRGB8888), the
+frame is drawn by the same pygame/SDL_gfx calls as stock instead (`_draw_world`), as before this path existed.
 
-Vertex maths mirrors pygame-ce 2.5.8's `_vector2_rotate_helper` (src_c/math.c): the angle is reduced with fmod
-to [0, 2*pi), multiples of pi/2 (within its epsilon 1e-6) are special-cased, sin/cos come from libm through
-`math` (numpy's SIMD paths may differ in the last ulp), and gfxdraw truncates floats to int, then to Sint16.
+Measured per frame on one core (issue #26 has the runs): the pygame path spent ~0.7 ms in smoothscale, ~0.75 ms
+in gfxdraw calls, ~0.45 ms in `Car.draw`. This path: ~0.33 ms drawing the world, ~0.25 ms X-shrinking it,
+~0.06 ms Y pass, ~0.05 ms car (vertices + fill), ~0.05 ms bar, ~0.03 ms culling/vertex maths, plus ~0.1 ms of
+Python glue; before `sim_bridges.view` and `sim_bridges.indicators` the culling, car vertices and bar cost
+~0.55 ms more in numpy/Python/pygame. Env steps/s: 1.4x the previous numba version (interleaved runs), ~0.7x
+EnvPool 1.2.5's C++ env. Numba compiles once per source version (``cache=True``): ~15 s on a cold cache, then
+~0.5 s per process.
 """
 
 from __future__ import annotations
 
-import math
 import weakref
 
 import numpy as np
@@ -29,154 +40,17 @@ import pygame
 from gymnasium.envs.box2d import car_racing as cr
 from pygame import gfxdraw
 
+from sim_bridges import indicators, raster, raster_car, shrink, view
+from sim_bridges.indicators import Fonts as _Fonts
+from sim_bridges.render_geometry import FIELD as _FIELD
+from sim_bridges.render_geometry import GRASS as _GRASS
+from sim_bridges.render_geometry import HIDDEN_ROWS, STATE_SIZE, H, W
+from sim_bridges.shrink import Tiles as _Tiles
+from sim_bridges.view import fill_covers as _fill_covers_visible_rows
+
 __all__ = ["render_state_pixels"]
 
-W, H = cr.WINDOW_W, cr.WINDOW_H
-STATE_SIZE = (cr.STATE_W, cr.STATE_H)
-# Before the flip, rows [0, HIDDEN_ROWS) become the bottom rows that `_render_indicators` paints opaque black.
-HIDDEN_ROWS = int(5 * H / 40.0)
-# Anti-aliased edges touch at most one pixel beyond a polygon's integer bounding box.
-AA_MARGIN = 2
-# World-space prefilter slack in pixels: covers AA_MARGIN, int truncation and float rounding many times over.
-PREFILTER_MARGIN = 16
-_TWO_PI = 2.0 * math.pi
-_HALF_PI = math.pi / 2.0
-_VEC_EPSILON = 1e-6  # pygame-ce VECTOR_EPSILON
-_MAX_TEXT_CACHE = 4096
-
-
-def _grass_polygons() -> np.ndarray:
-    """The 400 grass patches exactly as `_render_road` builds them (same float expressions)."""
-    g = cr.GRASS_DIM
-    grass = [
-        [(g * x + g, g * y + 0), (g * x + 0, g * y + 0), (g * x + 0, g * y + g), (g * x + g, g * y + g)]
-        for x in range(-20, 20, 2)
-        for y in range(-20, 20, 2)
-    ]
-    return np.array(grass, dtype=np.float64)  # (400, 4, 2)
-
-
-_GRASS = _grass_polygons()
-_B = cr.PLAYFIELD
-_FIELD = np.array([[(_B, _B), (_B, -_B), (-_B, -_B), (-_B, _B)]], dtype=np.float64)  # (1, 4, 2)
-
-
-def _to_screen(polys: np.ndarray, zoom: float, trans: tuple[float, float], angle: float):
-    """Float screen coordinates of `polys` (N, V, 2), as Vector2.rotate_rad then `c * zoom + trans` compute them."""
-    a = math.fmod(angle, _TWO_PI)
-    if a < 0:
-        a += _TWO_PI
-    x, y = polys[..., 0], polys[..., 1]  # (N, V)
-    if math.fmod(a + _VEC_EPSILON, _HALF_PI) < 2 * _VEC_EPSILON:
-        quarter = int((a + _VEC_EPSILON) / _HALF_PI) % 4
-        rx, ry = ((x, y), (-y, x), (-x, -y), (y, -x))[quarter]
-    else:
-        s, c = math.sin(a), math.cos(a)
-        rx = c * x - s * y
-        ry = s * x + c * y
-    return rx * zoom + trans[0], ry * zoom + trans[1]  # (N, V) each
-
-
-def _to_sint16(v: np.ndarray) -> np.ndarray:
-    """gfxdraw's conversion: PyNumber_Long (truncate toward zero), then a C cast to Sint16 (wraps)."""
-    return ((v.astype(np.int64) + 32768) & 0xFFFF) - 32768
-
-
-def _stock_keeps(sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
-    """`_draw_colored_polygon`'s cull: keep a polygon with any vertex inside the MAX_SHAPE_DIM-padded screen."""
-    m = cr.MAX_SHAPE_DIM
-    return ((sx >= -m) & (sx <= W + m) & (sy >= -m) & (sy <= H + m)).any(axis=1)
-
-
-def _touches_output(ix: np.ndarray, iy: np.ndarray) -> np.ndarray:
-    """Polygons whose integer bounding box (+AA margin) meets the surface rows that survive into the output."""
-    return (
-        (ix.max(axis=1) >= -AA_MARGIN)
-        & (ix.min(axis=1) <= W - 1 + AA_MARGIN)
-        & (iy.max(axis=1) >= HIDDEN_ROWS - AA_MARGIN)
-        & (iy.min(axis=1) <= H - 1 + AA_MARGIN)
-    )
-
-
-def _round_fixed(v: int) -> int:
-    """SDL_gfx's `(v >> 16) + ((v & 32768) >> 15)`: 16.16 fixed point to int, halves up; monotone in v."""
-    return (v >> 16) + ((v & 32768) >> 15)
-
-
-def _fill_covers_visible_rows(vx: list[int], vy: list[int]) -> bool:
-    """True only if SDL_gfx's filledPolygon on these Sint16 vertices paints every pixel that reaches the output.
-
-    filledPolygonColorMT (SDL_gfxPrimitives.c) fills, on each row y, between the sorted crossings
-    v = ((65536 * (y - y1)) / (y2 - y1)) * (x2 - x1) + 65536 * x1 of the edges active on that row, from
-    _round_fixed(v0 + 1) to _round_fixed(v1 - 1). Along one edge v is monotone in y and _round_fixed is monotone,
-    so an edge's extreme crossings over a range of rows sit at the range's ends. We accept only the plain case:
-    every surviving row has exactly two active edges, one crossing left of the surface on all its rows and one
-    right of it, with |v| and its product term < 2**30 so neither the C int32 maths, the Sint16 casts nor
-    qsort's subtracting comparator can overflow. Anything else answers False and the caller runs the stock calls.
-    """
-    lo, hi = HIDDEN_ROWS, H - 1
-    if max(vy) <= hi:  # SDL_gfx's special last-row rule would apply to a surviving row
-        return False
-    left, right = [], []
-    for i in range(len(vx)):
-        x1, y1, x2, y2 = vx[i - 1], vy[i - 1], vx[i], vy[i]
-        if y1 == y2:
-            continue
-        if y1 > y2:
-            x1, y1, x2, y2 = x2, y2, x1, y1
-        if y2 - y1 > 32767:
-            return False
-        a, b = max(y1, lo), min(y2 - 1, hi)  # surviving rows where this edge is active
-        if a > b:
-            continue
-        steps = [((65536 * (y - y1)) // (y2 - y1)) * (x2 - x1) for y in (a, b)]  # monotone in y too
-        ends = [step + 65536 * x1 for step in steps]
-        if max(abs(v) for v in steps + ends) >= 2**30:
-            return False
-        if all(_round_fixed(v + 1) <= 0 for v in ends):
-            left.append((a, b))
-        elif all(_round_fixed(v - 1) >= W - 1 for v in ends):
-            right.append((a, b))
-        else:
-            return False
-    return _tiles(left, lo, hi) and _tiles(right, lo, hi)
-
-
-def _tiles(intervals: list[tuple[int, int]], lo: int, hi: int) -> bool:
-    """Whether the closed integer intervals cover lo..hi exactly once each."""
-    nxt = lo
-    for a, b in sorted(intervals):
-        if a != nxt:
-            return False
-        nxt = b + 1
-    return nxt == hi + 1
-
-
-class _Fonts:
-    """The score font, loaded once instead of every frame, and rendered score strings by value.
-
-    Dropped whenever pygame.font was shut down (pygame.quit(), or found uninitialised at the next frame).
-    """
-
-    font: pygame.font.Font | None = None
-    texts: dict[str, pygame.Surface] = {}
-
-    @classmethod
-    def reset(cls) -> None:
-        cls.font = None
-        cls.texts = {}
-
-    @classmethod
-    def text(cls, s: str) -> pygame.Surface:
-        surf = cls.texts.get(s)
-        if surf is None:
-            if cls.font is None:
-                cls.font = pygame.font.Font(pygame.font.get_default_font(), 42)
-                pygame.register_quit(cls.reset)  # pygame.quit() empties its list, so register per font
-            if len(cls.texts) >= _MAX_TEXT_CACHE:
-                cls.texts.clear()
-            surf = cls.texts[s] = cls.font.render(s, True, (255, 255, 255), (0, 0, 0))
-        return surf
+_XRGB8888 = (0xFF0000, 0xFF00, 0xFF, 0)
 
 
 class _EnvCache:
@@ -187,29 +61,23 @@ class _EnvCache:
         self.polys = _GRASS
         self.display: pygame.Surface | None = None
         self.canvas: pygame.Surface | None = None
+        self.mapped_cache: dict[tuple, int] = {}
 
     def geometry(self, env) -> np.ndarray:
         road = env.road_poly
         if road is not self.road_poly or len(road) != len(self.polys) - len(_GRASS):
             verts = np.array([[(p[0], p[1]) for p in poly] for poly, _ in road], dtype=np.float64).reshape(-1, 4, 2)
             self.polys = np.concatenate([_GRASS, verts])  # (400 + P, 4, 2)
-            self.centres = self.polys.mean(axis=1)  # (N, 2)
-            self.radii = np.linalg.norm(self.polys - self.centres[:, None], axis=2).max(axis=1)  # (N,)
+            self.keep = np.zeros(len(self.polys), np.int64)
+            self.ix, self.iy = np.zeros((len(self.polys), 4), np.int64), np.zeros((len(self.polys), 4), np.int64)
             self.road_poly = road
         return self.polys
 
-    def near_view(self, zoom: float, trans, angle: float) -> np.ndarray:
-        """Indices of polygons whose bounding circle comes within PREFILTER_MARGIN px of the surviving rows.
-
-        A cheap superset of what `_touches_output` keeps: the exact, per-vertex test runs on these only.
-        """
-        cx, cy = (W - 1) / 2 - trans[0], (HIDDEN_ROWS + H - 1) / 2 - trans[1]
-        c, s = math.cos(angle), math.sin(angle)
-        world = np.array([c * cx + s * cy, -s * cx + c * cy]) / zoom  # (2,) view centre, world units
-        reach_px = math.hypot(W / 2 + PREFILTER_MARGIN, (H - HIDDEN_ROWS) / 2 + PREFILTER_MARGIN)
-        d = self.centres - world  # (N, 2)
-        reach = self.radii + reach_px / zoom  # (N,)
-        return np.flatnonzero(d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1] <= reach * reach)
+    def mapped_rgb(self, color) -> int:
+        key = tuple(np.asarray(color).tolist())
+        if key not in self.mapped_cache:
+            self.mapped_cache[key] = self.mapped(color) & 0xFFFFFF
+        return self.mapped_cache[key]
 
     def surfaces(self) -> None:
         """(Re)make the work surfaces in the format `pygame.Surface((W, H))` gives right now."""
@@ -228,6 +96,10 @@ class _EnvCache:
         self.bar_x = pygame.Surface((cr.STATE_W, HIDDEN_ROWS), 0, self.canvas)
         self.frame_x = pygame.Surface((cr.STATE_W, H), 0, self.canvas)
         self.small = pygame.Surface(STATE_SIZE, 0, self.canvas)
+        self.mapped_cache = {}
+        backend = pygame.transform.get_smoothscale_backend()
+        exact = self.canvas.get_bitsize() == 32 and self.canvas.get_masks() == _XRGB8888
+        self.tiles = _Tiles(backend) if exact and backend in ("SSE2", "SSE", "GENERIC") else None
 
     def mapped(self, color) -> int:
         """The pixel value SDL_gfx's filled polygon writes for `color` on the canvas format."""
@@ -238,24 +110,35 @@ class _EnvCache:
 _CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _draw_world(surf: pygame.Surface, env, cache: _EnvCache, zoom: float, trans, angle: float) -> None:
+def _visible(env, cache: _EnvCache, zoom: float, trans, rot) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Indices (K,) into `cache.geometry` of the polygons stock draws that can reach the output, in draw order,
+    and their Sint16 vertices (K, 4) x and y (views of reused buffers)."""
+    polys = cache.geometry(env)
+    k = view.visible_polygons(
+        polys, *rot, zoom, trans[0], trans[1], cr.MAX_SHAPE_DIM, True, cache.keep, cache.ix, cache.iy
+    )
+    return cache.keep[:k], cache.ix[:k], cache.iy[:k]
+
+
+def _field(zoom: float, trans, rot) -> tuple[np.ndarray, np.ndarray]:
+    """The background polygon's Sint16 vertices (1, 4) x and y."""
+    fx, fy, keep = np.zeros((1, 4), np.int64), np.zeros((1, 4), np.int64), np.zeros(1, np.int64)
+    view.visible_polygons(_FIELD, *rot, zoom, trans[0], trans[1], cr.MAX_SHAPE_DIM, False, keep, fx, fy)
+    return fx, fy
+
+
+def _draw_world(surf: pygame.Surface, env, cache: _EnvCache, zoom: float, trans, rot) -> None:
     """Background, grass and road, as `CarRacing._render_road` draws them, minus provably invisible work."""
-    fx, fy = _to_screen(_FIELD, zoom, trans, angle)
-    vx, vy = _to_sint16(fx[0]).tolist(), _to_sint16(fy[0]).tolist()
-    if _fill_covers_visible_rows(vx, vy):
+    fx, fy = _field(zoom, trans, rot)
+    if _fill_covers_visible_rows(fx[0], fy[0]):
         surf.fill(cache.mapped(env.bg_color), (0, HIDDEN_ROWS, W, H - HIDDEN_ROWS))
     else:
         surf.fill(0)  # a fresh pygame.Surface is zeroed
-        field = list(zip(vx, vy, strict=True))
+        field = list(zip(fx[0].tolist(), fy[0].tolist(), strict=True))
         gfxdraw.aapolygon(surf, field, env.bg_color)
         gfxdraw.filled_polygon(surf, field, env.bg_color)
 
-    polys = cache.geometry(env)
-    near = cache.near_view(zoom, trans, angle)
-    sx, sy = _to_screen(polys[near], zoom, trans, angle)  # (n, 4) each
-    ix, iy = _to_sint16(sx), _to_sint16(sy)
-    ok = np.flatnonzero(_stock_keeps(sx, sy) & _touches_output(ix, iy))
-    keep, ix, iy = near[ok], ix[ok], iy[ok]
+    keep, ix, iy = _visible(env, cache, zoom, trans, rot)
     points = np.stack([ix, iy], axis=-1).tolist()  # (K, 4, 2) nested lists
     n_grass = len(_GRASS)
     road_poly = env.road_poly
@@ -264,6 +147,44 @@ def _draw_world(surf: pygame.Surface, env, cache: _EnvCache, zoom: float, trans,
         color = grass_color if i < n_grass else [int(c) for c in road_poly[i - n_grass][1]]
         gfxdraw.aapolygon(surf, pts, color)
         gfxdraw.filled_polygon(surf, pts, color)
+
+
+def _world_exact(env, cache: _EnvCache, zoom: float, trans, rot) -> np.ndarray | None:
+    """The X-shrunk surviving world rows (H - HIDDEN_ROWS, 96, 3), car included, by `sim_bridges.raster`;
+    None where its integer-range guarantees do not hold (the caller then draws with pygame)."""
+    tiles = cache.tiles
+    assert tiles is not None
+    field_x, field_y = _field(zoom, trans, rot)  # (1, 4)
+    keep, ix, iy = _visible(env, cache, zoom, trans, rot)
+    if not raster.poly_in_range(ix, iy):
+        return None
+    # Road colours change in place when a wheel touches a tile: read them every frame, as `int()` does.
+    n_grass = len(_GRASS)
+    road_poly = env.road_poly
+    road = [road_poly[i - n_grass][1] for i in keep.tolist() if i >= n_grass]
+    colours = np.full(len(keep), cache.mapped_rgb(env.grass_color), np.int64)
+    if road:
+        rgb = np.array(road, np.float64).astype(np.int64)  # (n_road, 3)
+        if rgb.min() < 0 or rgb.max() > 255:
+            return None
+        colours[keep >= n_grass] = (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
+    if _fill_covers_visible_rows(field_x[0], field_y[0]):
+        bg = cache.mapped_rgb(env.bg_color)
+    elif raster.poly_in_range(field_x, field_y):
+        bg = 0  # a fresh surface, then the background polygon like any other
+        ix, iy = np.concatenate([field_x, ix]), np.concatenate([field_y, iy])
+        colours = np.concatenate([[cache.mapped_rgb(env.bg_color)], colours])
+    else:
+        return None
+    if not raster.draw_world(ix, iy, colours, bg, tiles.canvas()):
+        return None
+
+    car = view.car_screen(env.car, zoom, trans, rot)
+    if car is None or not raster_car.draw_car(*car, tiles.canvas()):
+        return None
+    world = tiles.frame[: H - HIDDEN_ROWS]
+    shrink.shrink_rows(tiles.canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, world)
+    return world
 
 
 def render_state_pixels(env) -> np.ndarray:
@@ -294,21 +215,56 @@ def render_state_pixels(env) -> np.ndarray:
     trans = pygame.math.Vector2((scroll_x, scroll_y)).rotate_rad(angle)
     trans = (W / 2 + trans[0], H / 4 + trans[1])
 
-    _draw_world(cache.canvas, env, cache, zoom, trans, angle)
-    env.car.draw(cache.canvas, zoom, trans, angle, False)
+    rot = view.rotation(angle)
+    world = _world_exact(env, cache, zoom, trans, rot) if cache.tiles is not None else None
+    if world is None:
+        _draw_world(cache.canvas, env, cache, zoom, trans, rot)
+        env.car.draw(cache.canvas, zoom, trans, angle, False)
 
     # Stock: flip, paint the bar over rows H-100.. (opaque: rows 0..99 of the unflipped world never show),
     # smoothscale. Same pixels: X-shrink the surviving world rows, flip those 96-wide rows, stack the X-shrunk
-    # bar under them, then let smoothscale's Y pass (X untouched at equal width) finish the frame.
+    # bar under them (`sim_bridges.indicators`), then let smoothscale's Y pass (X untouched at equal width)
+    # finish the frame. `env.surf` is the bar surface, drawn only where the pygame path runs.
     env.surf = cache.bar
+    score = f"{env.reward:04.0f}"
+    tiles = cache.tiles
+    if world is not None and tiles is not None and indicators.shrink_bar(tiles, env, score, cache.canvas):
+        return _finish_exact(tiles)
     env._render_indicators(W, H)
-    text = _Fonts.text(f"{env.reward:04.0f}")
+    text = _Fonts.text(score)
     text_rect = text.get_rect()
     text_rect.center = (60, H - H * 2.5 / 40.0)
     env.surf.blit(text, text_rect)
+    if world is not None and tiles is not None:
+        _shrink_bar_pixels(tiles, cache.bar)
+        return _finish_exact(tiles)
+    return _finish_pygame(cache)
 
-    pygame.transform.smoothscale(cache.canvas_vis, cache.world_x.get_size(), cache.world_x)
+
+def _shrink_bar_pixels(tiles: _Tiles, bar_surface: pygame.Surface) -> None:
+    """X-shrink the bar rows drawn by stock code on `bar_surface` under the world rows in `tiles.frame`."""
+    tiles.bar_key = None
+    bar = pygame.surfarray.pixels2d(bar_surface)[:, H - HIDDEN_ROWS :].T  # (HIDDEN_ROWS, W) view
+    shrink.shrink_pixels(
+        bar, tiles.t_start, tiles.t_end, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate,
+        tiles.frame[H - HIDDEN_ROWS :],
+    )  # fmt: skip
+    del bar  # unlocks the surface
+
+
+def _finish_exact(tiles: _Tiles) -> np.ndarray:
+    """smoothscale's Y pass over `tiles.frame` (X-shrunk world rows, flipped, then the bar rows): the frame."""
+    shrink.shrink_columns(
+        tiles.frame, tiles.r_start, tiles.r_end, tiles.yc, tiles.yfrac, tiles.yrecip, tiles.shift, tiles.saturate,
+        tiles.out,
+    )  # fmt: skip
+    return tiles.out.reshape(cr.STATE_H, cr.STATE_W, 3).copy()
+
+
+def _finish_pygame(cache: _EnvCache) -> np.ndarray:
+    """The same with pygame's smoothscale, from the world drawn on `cache.canvas`."""
     pygame.transform.smoothscale(cache.bar_vis, cache.bar_x.get_size(), cache.bar_x)
+    pygame.transform.smoothscale(cache.canvas_vis, cache.world_x.get_size(), cache.world_x)
     cache.frame_x.blit(pygame.transform.flip(cache.world_x, False, True), (0, 0))
     cache.frame_x.blit(cache.bar_x, (0, H - HIDDEN_ROWS))
     pygame.transform.smoothscale(cache.frame_x, STATE_SIZE, cache.small)

@@ -11,6 +11,8 @@ from gymnasium.envs.box2d.car_racing import CarRacing
 from pygame import gfxdraw
 
 from sim_bridges import fast_render as fr
+from sim_bridges import render_geometry as rg
+from sim_bridges import view
 from sim_bridges.fast_render import render_state_pixels
 
 N_STEPS = 210
@@ -85,7 +87,7 @@ def test_vertex_maths_matches_vector2_rotate_rad(angle):
     rng = np.random.default_rng(0)
     polys = rng.uniform(-400, 400, size=(50, 4, 2))
     zoom, trans = 13.37, (512.25, -37.5)
-    sx, sy = fr._to_screen(polys, zoom, trans, angle)
+    sx, sy = rg.to_screen(polys, zoom, trans, angle)
     for p in range(50):
         for v in range(4):
             c = pygame.math.Vector2(tuple(polys[p, v])).rotate_rad(angle)
@@ -95,7 +97,7 @@ def test_vertex_maths_matches_vector2_rotate_rad(angle):
 def test_to_sint16_is_gfxdraw_int_conversion():
     v = np.array([-1.9, -0.5, 0.5, 1.9, 32767.9, 32768.2, -32769.5, 70000.0])
     expected = [np.int16(np.int64(int(x)).astype(np.int16)) for x in v]  # int() truncates, C cast wraps
-    assert fr._to_sint16(v).tolist() == [int(e) for e in expected]
+    assert rg.to_sint16(v).tolist() == [int(e) for e in expected]
 
 
 def test_fill_predicate_never_claims_more_than_gfxdraw_paints():
@@ -108,9 +110,10 @@ def test_fill_predicate_never_claims_more_than_gfxdraw_paints():
         zoom, angle = rng.uniform(0.6, 16.2), rng.uniform(-7, 7)
         pos = rng.uniform(-345, 345, size=2)
         t = pygame.math.Vector2((-pos[0] * zoom, -pos[1] * zoom)).rotate_rad(angle)
-        fx, fy = fr._to_screen(fr._FIELD, zoom, (fr.W / 2 + t[0], fr.H / 4 + t[1]), angle)
-        vx, vy = fr._to_sint16(fx[0]).tolist(), fr._to_sint16(fy[0]).tolist()
-        claimed = fr._fill_covers_visible_rows(vx, vy)
+        fx, fy = rg.to_screen(rg.FIELD, zoom, (fr.W / 2 + t[0], fr.H / 4 + t[1]), angle)
+        vx, vy = rg.to_sint16(fx[0]).tolist(), rg.to_sint16(fy[0]).tolist()
+        claimed = rg.fill_covers_visible_rows(vx, vy)
+        assert view.fill_covers(np.array(vx), np.array(vy)) == claimed, "numba kernel vs Python reference"
         surf.fill(0)
         gfxdraw.filled_polygon(surf, list(zip(vx, vy, strict=True)), color)
         painted = bool((pygame.surfarray.pixels2d(surf)[:, fr.HIDDEN_ROWS :] == surf.map_rgb(color)).all())
@@ -138,35 +141,59 @@ def test_needs_reset_first():
         render_state_pixels(CarRacing())
 
 
-def test_world_prefilter_drops_only_polygons_that_paint_nothing_visible():
-    """Polygons the cheap world-space prefilter drops but the bounding-box test would keep: real SDL_gfx drawing
-    of each must leave every surviving row untouched."""
+def test_view_kernels_match_the_numpy_reference():
+    """`sim_bridges.view`'s culling and vertex maths, bit for bit the numpy reference in `render_geometry`, on
+    random views (quarter turns included) of a real track, and the car's polygons over a drive."""
     env = CarRacing()
     env.reset(seed=5)
     render_state_pixels(env)
-    cache = fr._CACHES[env]
-    polys = cache.geometry(env)
-    surf = pygame.Surface((fr.W, fr.H))
+    polys = fr._CACHES[env].geometry(env)
+    keep, ix, iy = np.zeros(len(polys), np.int64), np.zeros((len(polys), 4), np.int64), np.zeros((len(polys), 4), int)
     rng = np.random.default_rng(2)
-    n_kept = n_checked = 0
-    for _ in range(200):
-        zoom, angle = rng.uniform(0.6, 16.2), rng.uniform(-7, 7)
+    angles = [*rng.uniform(-7, 7, 150), 0.0, math.pi / 2, -math.pi, 3 * math.pi / 2 + 1e-7]
+    n_kept = 0
+    for angle in angles:
+        zoom = rng.choice([rng.uniform(0.6, 16.2), 16.2])
         car = polys[rng.integers(len(polys)), 0] + rng.uniform(-30, 30, size=2)
         t = pygame.math.Vector2((-car[0] * zoom, -car[1] * zoom)).rotate_rad(angle)
         trans = (fr.W / 2 + t[0], fr.H / 4 + t[1])
-        sx, sy = fr._to_screen(polys, zoom, trans, angle)
-        ix, iy = fr._to_sint16(sx), fr._to_sint16(sy)
-        drawn = set(np.flatnonzero(fr._stock_keeps(sx, sy) & fr._touches_output(ix, iy)).tolist())
-        near = set(cache.near_view(zoom, trans, angle).tolist())
-        n_kept += len(drawn & near)
-        for i in drawn - near:
-            surf.fill(0)
-            pts = list(zip(ix[i].tolist(), iy[i].tolist(), strict=True))
-            gfxdraw.aapolygon(surf, pts, (255, 255, 255))
-            gfxdraw.filled_polygon(surf, pts, (255, 255, 255))
-            assert not pygame.surfarray.pixels2d(surf)[:, fr.HIDDEN_ROWS :].any(), f"polygon {i} was visible: {pts}"
-            n_checked += 1
-    assert n_kept > 1000 and n_checked > 0
+        sx, sy = rg.to_screen(polys, zoom, trans, angle)
+        rx, ry = rg.to_sint16(sx), rg.to_sint16(sy)
+        ref = np.flatnonzero(rg.stock_keeps(sx, sy) & rg.touches_output(rx, ry))
+        k = view.visible_polygons(polys, *view.rotation(angle), zoom, *trans, rg.cr.MAX_SHAPE_DIM, True, keep, ix, iy)
+        assert np.array_equal(keep[:k], ref) and np.array_equal(ix[:k], rx[ref]) and np.array_equal(iy[:k], ry[ref])
+        n_kept += k
+    assert n_kept > 1000
+    n_cars = 0
+    for k in range(150):
+        env.step(_action(k, rng))
+        for angle in (-env.car.hull.angle, rng.uniform(-7, 7), math.pi / 2):
+            zoom, trans = rng.uniform(0.6, 16.2), (rng.uniform(0, 1000), rng.uniform(0, 800))
+            ref_car = rg.car_screen(env.car, zoom, trans, angle)
+            mine = view.car_screen(env.car, zoom, trans, view.rotation(angle))
+            assert (ref_car is None) == (mine is None)
+            if mine is not None:
+                assert all(np.array_equal(a, b) for a, b in zip(ref_car, mine, strict=True)), f"step {k}"
+                n_cars += 1
+    assert n_cars > 200
+
+
+def test_indicator_bar_on_odd_states_matches_stock():
+    """The bar from `sim_bridges.indicators` (reversing wheels, spins, tiny and huge values, a score change) against
+    stock drawing of the same state, frame by frame; unchanged inputs reuse the shrunk rows."""
+    env = CarRacing()
+    env.reset(seed=3)
+    rng = np.random.default_rng(9)
+    for k in range(120):
+        env.step(_action(k + 100, rng))
+        if k % 3 == 0:
+            env.car.hull.angularVelocity = float(rng.choice([0.0, 5e-5, rng.normal(0, 3), rng.normal(0, 80)]))
+            for w in env.car.wheels:
+                w.omega = float(rng.choice([0.0, -3e-5, rng.normal(0, 60), -rng.uniform(0, 400)]))
+        if k % 10 == 5:
+            env.reward += rng.uniform(-50, 50)
+        assert np.array_equal(render_state_pixels(env), env._render("state_pixels")), f"step {k}"
+        assert np.array_equal(render_state_pixels(env), env._render("state_pixels")), f"step {k}, cached bar"
 
 
 def test_font_shutdown_between_frames():
@@ -176,3 +203,206 @@ def test_font_shutdown_between_frames():
     render_state_pixels(env)
     pygame.font.quit()
     assert np.array_equal(render_state_pixels(env), env._render("state_pixels"))
+
+
+# --- the numba rasteriser (sim_bridges.raster) against the pygame / SDL_gfx calls it re-implements ---
+
+
+def _canvas_pixels(tiles) -> np.ndarray:
+    """The tiled canvas expanded to (H - HIDDEN_ROWS, W) 0xRRGGBB pixels."""
+    widths = tiles.t_end - tiles.t_start + 1
+    out = np.empty((fr.H - fr.HIDDEN_ROWS, fr.W), np.int64)
+    for r in range(out.shape[0]):
+        x = 0
+        for j, w in enumerate(widths):
+            c = tiles.colour[r, j]
+            out[r, x : x + w] = c if c >= 0 else tiles.pool[-c - 1, :w]
+            x += w
+    return out
+
+
+def _random_polygons(rng, n: int, spread: float) -> tuple[np.ndarray, np.ndarray]:
+    """Quads around the visible rows: rotated rectangles (like grass and road) and arbitrary convex-ish quads,
+    some reaching past the surface, some with horizontal or vertical edges."""
+    xs, ys = [], []
+    for k in range(n):
+        cx, cy = rng.uniform(-100, fr.W + 100), rng.uniform(fr.HIDDEN_ROWS - 150, fr.H + 100)
+        if k % 4 == 3:  # axis-aligned: vertical and horizontal edges, SDL_gfx's special cases
+            w, h = rng.integers(0, int(spread), 2)
+            pts = [(cx - w, cy - h), (cx + w, cy - h), (cx + w, cy + h), (cx - w, cy + h)]
+        else:
+            a = rng.uniform(0, 2 * math.pi)
+            w, h = rng.uniform(0.3, spread, 2)
+            pts = [(cx + math.cos(a) * u - math.sin(a) * v, cy + math.sin(a) * u + math.cos(a) * v)
+                   for u, v in ((-w, -h), (w, -h), (w, h), (-w, h))]  # fmt: skip
+        xs.append([int(p[0]) for p in pts])
+        ys.append([int(p[1]) for p in pts])
+    return np.array(xs, np.int64), np.array(ys, np.int64)
+
+
+@pytest.mark.parametrize("spread", [3.0, 60.0, 400.0])
+def test_raster_world_matches_gfxdraw(spread):
+    """aapolygon + filled_polygon, polygon after polygon over a background, pixel for pixel on the visible rows."""
+    rng = np.random.default_rng(int(spread))
+    tiles = fr.shrink.Tiles(pygame.transform.get_smoothscale_backend())
+    surf = pygame.Surface((fr.W, fr.H))
+    for trial in range(6):
+        px, py = _random_polygons(rng, 25, spread)
+        colours = rng.integers(0, 1 << 24, len(px))
+        bg = int(rng.integers(0, 1 << 24))
+        assert fr.raster.draw_world(px, py, colours, bg, tiles.canvas())
+        surf.fill(bg)
+        for vx, vy, c in zip(px.tolist(), py.tolist(), colours.tolist(), strict=True):
+            rgb = ((c >> 16) & 255, (c >> 8) & 255, c & 255)
+            gfxdraw.aapolygon(surf, list(zip(vx, vy, strict=True)), rgb)
+            gfxdraw.filled_polygon(surf, list(zip(vx, vy, strict=True)), rgb)
+        ref = pygame.surfarray.pixels2d(surf).T[fr.HIDDEN_ROWS :] & 0xFFFFFF
+        mine = _canvas_pixels(tiles)
+        assert np.array_equal(mine, ref), f"trial {trial}: {int((mine != ref).sum())} pixels differ"
+
+
+def test_raster_car_polygons_match_draw_polygon():
+    """pygame.draw.polygon's fill (4- to 8-gons, float vertices truncated like pygame) on the visible rows."""
+    rng = np.random.default_rng(3)
+    tiles = fr.shrink.Tiles(pygame.transform.get_smoothscale_backend())
+    surf = pygame.Surface((fr.W, fr.H))
+    for trial in range(20):
+        n_poly = 12
+        counts = rng.integers(4, 9, n_poly)
+        px, py = np.zeros((n_poly, 8), np.int64), np.zeros((n_poly, 8), np.int64)
+        colours = rng.integers(0, 1 << 24, n_poly)
+        surf.fill(0)
+        fr.raster.draw_world(px[:0, :4], py[:0, :4], colours[:0], 0, tiles.canvas())  # clears the canvas
+        for k in range(n_poly):
+            c = rng.uniform([0, fr.HIDDEN_ROWS - 20], [fr.W, fr.H])
+            r = rng.uniform(0.5, 60)
+            ang = np.sort(rng.uniform(0, 2 * math.pi, counts[k])) if k % 2 else rng.uniform(0, 7, counts[k])
+            pts = [(c[0] + r * math.cos(a), c[1] + r * math.sin(a)) for a in ang]
+            pts = [(max(p[0], 0.0), max(p[1], 0.0)) for p in pts]
+            px[k, : counts[k]] = [int(p[0]) for p in pts]
+            py[k, : counts[k]] = [int(p[1]) for p in pts]
+            rgb = ((colours[k] >> 16) & 255, (colours[k] >> 8) & 255, colours[k] & 255)
+            pygame.draw.polygon(surf, rgb, pts)
+        fr.raster_car.draw_car(px, py, counts, colours, tiles.canvas())
+        ref = pygame.surfarray.pixels2d(surf).T[fr.HIDDEN_ROWS :] & 0xFFFFFF
+        mine = _canvas_pixels(tiles)
+        assert np.array_equal(mine, ref), f"trial {trial}: {int((mine != ref).sum())} pixels differ"
+
+
+@pytest.mark.parametrize("backend", ["SSE2", "GENERIC"])
+def test_raster_shrinks_match_smoothscale(backend):
+    """Both smoothscale passes, from tiles (uniform and pooled) and from rows, against pygame's, per backend."""
+    previous = pygame.transform.get_smoothscale_backend()
+    try:
+        pygame.transform.set_smoothscale_backend(backend)
+    except ValueError:
+        pytest.skip(f"{backend} smoothscale not available here")
+    try:
+        rng = np.random.default_rng(4)
+        tiles = fr.shrink.Tiles(backend)
+        px, py = _random_polygons(rng, 30, 40.0)
+        fr.raster.draw_world(px, py, rng.integers(0, 1 << 24, len(px)), 0x123456, tiles.canvas())
+        tiles.colour[::7] = -1 - np.arange(tiles.colour.shape[1])  # some rows: every tile pooled with noise
+        tiles.pool[: tiles.colour.shape[1]] = rng.integers(0, 1 << 24, tiles.pool[: tiles.colour.shape[1]].shape)
+        canvas = _canvas_pixels(tiles)
+        surf = pygame.Surface((fr.W, canvas.shape[0]))
+        pygame.surfarray.pixels2d(surf)[:] = canvas.T
+        ref = pygame.surfarray.array3d(pygame.transform.smoothscale(surf, (96, canvas.shape[0])))  # (96, n, 3)
+        world = np.zeros((canvas.shape[0], 96 * 3), np.uint8)
+        fr.shrink.shrink_rows(tiles.canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, world)
+        assert np.array_equal(world[::-1].reshape(-1, 96, 3), ref.transpose(1, 0, 2))
+        plain = np.zeros_like(world)
+        fr.shrink.shrink_pixels(
+            canvas.astype(np.uint32), tiles.t_start, tiles.t_end, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift,
+            tiles.saturate, plain,
+        )  # fmt: skip
+        assert np.array_equal(plain.reshape(-1, 96, 3), ref.transpose(1, 0, 2))
+
+        tall = rng.integers(0, 256, (fr.H, 96, 3), dtype=np.uint8)
+        tall[: fr.H // 2] = tall[0]  # long one-colour stretches too
+        surf = pygame.surfarray.make_surface(tall.transpose(1, 0, 2))
+        ref = pygame.surfarray.array3d(pygame.transform.smoothscale(surf, (96, 96))).transpose(1, 0, 2)
+        out = np.zeros((96, 96 * 3), np.uint8)
+        fr.shrink.shrink_columns(
+            tall.reshape(fr.H, -1), tiles.r_start, tiles.r_end, tiles.yc, tiles.yfrac, tiles.yrecip, tiles.shift,
+            tiles.saturate, out,
+        )  # fmt: skip
+        assert np.array_equal(out.reshape(96, 96, 3), ref)
+    finally:
+        pygame.transform.set_smoothscale_backend(previous)
+
+
+def test_exact_path_draws_almost_every_frame(monkeypatch):
+    """The numba path, not the pygame fallback, renders the frames of an ordinary drive (and they are exact)."""
+    results = []
+    exact = fr._world_exact
+    monkeypatch.setattr(fr, "_world_exact", lambda *a: results.append(exact(*a)) or results[-1])
+    stock, fast = CarRacing(), _fast_env()
+    stock.reset(seed=6)
+    fast.reset(seed=6)
+    rng = np.random.default_rng(6)
+    for k in range(60):
+        a = _action(k, rng)
+        assert np.array_equal(stock.step(a)[0], fast.step(a)[0]), f"step {k}"
+    assert sum(r is not None for r in results) >= 0.9 * len(results)
+
+
+def test_pygame_fallback_is_exact_too(monkeypatch):
+    """Where the numba path declines (here: forced), the pygame path draws the same frames as stock."""
+    monkeypatch.setattr(fr, "_world_exact", lambda *a: None)
+    stock, fast = CarRacing(), _fast_env()
+    stock.reset(seed=8)
+    fast.reset(seed=8)
+    rng = np.random.default_rng(8)
+    for k in range(30):
+        a = _action(k + 40, rng)
+        assert np.array_equal(stock.step(a)[0], fast.step(a)[0]), f"step {k}"
+
+
+def _sweep_action(k: int, seed: int, rng: np.random.Generator) -> np.ndarray:
+    """Per seed a different script: straights, full-lock spins at full gas, hard braking, off-track drives, noise."""
+    phase = (k // 60 + seed) % 5
+    if phase == 0:
+        return np.array([0.0, 1.0, 0.0])
+    if phase == 1:
+        return np.array([1.0 if seed % 2 else -1.0, 1.0, 0.0])
+    if phase == 2:
+        return np.array([rng.uniform(-0.3, 0.3), 0.0, 1.0])
+    if phase == 3:
+        return np.array([-0.6, 0.8, 0.0])
+    return np.array([rng.uniform(-1, 1), rng.uniform(0, 1), rng.uniform(0, 0.6)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(8))
+def test_long_sweep_stock_vs_fast(seed):
+    """1000 steps (zoom-in included, then spins and off-track stretches) on a stock/fast twin pair, every frame
+    compared; odd seeds with domain_randomize. Run: pytest -m slow tests/sim_bridges/test_fast_render.py"""
+    kwargs = {"domain_randomize": bool(seed % 2)}
+    stock, fast = CarRacing(**kwargs), _fast_env(**kwargs)
+    obs_s, _ = stock.reset(seed=100 + seed)
+    obs_f, _ = fast.reset(seed=100 + seed)
+    assert np.array_equal(obs_s, obs_f)
+    rng = np.random.default_rng(seed)
+    for k in range(1000):
+        a = _sweep_action(k, seed, rng)
+        obs_s, r_s, term_s, trunc_s, _ = stock.step(a)
+        obs_f, r_f, term_f, trunc_f, _ = fast.step(a)
+        assert np.array_equal(obs_s, obs_f), f"seed {seed} step {k}: {int((obs_s != obs_f).any(2).sum())} pixels"
+        assert (r_s, term_s) == (r_f, term_f)
+        if term_s:
+            obs_s, _ = stock.reset(seed=200 + seed)
+            obs_f, _ = fast.reset(seed=200 + seed)
+            assert np.array_equal(obs_s, obs_f)
+
+
+def test_raster_declines_when_its_pixel_pool_could_overflow():
+    """No out-of-bounds writes in numba: a frame that could need more pool slots than exist is declined."""
+    tiles = fr.shrink.Tiles(pygame.transform.get_smoothscale_backend())
+    tiles.pool = np.zeros((8, 16), np.int32)
+    px, py = np.array([[100, 900, 880, 120]]), np.array([[150, 170, 700, 690]])
+    assert not fr.raster.draw_world(px, py, np.array([0x336699]), 0x102030, tiles.canvas())
+    counts, colours = np.array([4]), np.array([0xCC0000])
+    assert not fr.raster_car.draw_car(
+        np.array([[10, 990, 980, 20] * 2]), py.repeat(2, 1), counts, colours, tiles.canvas()
+    )

@@ -219,8 +219,6 @@ def eval_row(cfg: Config, k: int, workers: int) -> Row:
     from drive.loop.evaluate import evaluate
 
     label = f"eval S={cfg.samples}, K={k} cars, {workers} worker{'s' * (workers > 1)}"
-    if "envs" not in {f.name for f in dataclasses.fields(EvalOptions)}:
-        return Row(label, skipped="not available: this drive eval has no --envs")
     n = cfg.eval_episodes * workers
     options = EvalOptions(policy=cfg.policy, seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}", workers=workers,  # type: ignore[call-arg]
                           samples=cfg.samples, max_episode_steps=cfg.eval_max_episode_steps, progress=False,

@@ -33,6 +33,20 @@ def _actions(n: int, seed: int) -> list[np.ndarray]:
     return [np.array([rng.uniform(-1, 1), rng.uniform(0.2, 1), 0.0]) for _ in range(n)]
 
 
+def first_frame_seconds(seed: int) -> float:
+    """Wall time of the first fast frame in this process: numba compiling `sim_bridges.raster`/`shrink`, or
+    loading them from numba's on-disk cache (`cache=True`) when an earlier process compiled them."""
+    from gymnasium.envs.box2d.car_racing import CarRacing
+
+    from sim_bridges.fast_render import render_state_pixels
+
+    env = CarRacing()
+    env.reset(seed=seed)
+    t0 = time.perf_counter()
+    render_state_pixels(env)
+    return time.perf_counter() - t0
+
+
 def frame_times(n_steps: int, seed: int) -> tuple[list[float], list[float]]:
     from gymnasium.envs.box2d.car_racing import CarRacing  # Box2D and pygame: not for `--help`
 
@@ -78,6 +92,7 @@ def steps_per_second(n_steps: int, seed: int, mode: str) -> float:
 
 
 def run(cfg: Config) -> int:
+    print(f"first fast frame (numba compile or cache load): {first_frame_seconds(cfg.seed):.2f} s")
     stock, fast = frame_times(cfg.steps, cfg.seed)
     ms_s, ms_f = 1e3 * statistics.median(stock), 1e3 * statistics.median(fast)
     print(f"render per frame (median of {cfg.steps}): stock {ms_s:.3f} ms, fast {ms_f:.3f} ms, x{ms_s / ms_f:.2f}")

@@ -1,0 +1,175 @@
+"""pygame-ce 2.5.8's smoothscale area-averaging shrink (`filter_shrink_X` / `filter_shrink_Y`), exact, in numba.
+
+Two backends, chosen at run time by `pygame.transform.get_smoothscale_backend()`: SSE/SSE2 (src_c/scale_mmx64_gcc.c
+and its SSE2 intrinsics twin) works in 2.14 fixed point -- ``xspace = 0x4000*src/dst``, ``xrecip = 0x40000000 /
+xspace``, pixels shifted left by 2, every product ``pmulhuw`` i.e. ``(a*b) >> 16``, results saturated by
+``packuswb``; GENERIC (transform.c, ``*_ONLYC``) in 16.16 -- ``0x10000`` units, ``0x100000000 / xspace``, no shift,
+``(Uint8)`` truncation. Verified against pygame on random images for both (tests/sim_bridges/test_fast_render.py);
+the first C formula alone was off by one on 40 % of random pixels under SSE2, hence both.
+
+Each output pixel j takes the full source pixels after the previous output's split pixel, plus ``(p*xcounter)>>16``
+of its own split pixel p; the rest of p, ``(p*xfrac)>>16``, starts the next output. `tile_geometry` replays the
+counter loop once; the kernels then need no per-pixel counter. The X pass reads `sim_bridges.raster`'s tiled canvas
+(one multiply per channel for a one-colour tile instead of ~10 additions) and copies a value from the row above
+where its tile and the previous tile's split pixel are unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium.envs.box2d import car_racing as cr
+from numba import njit
+
+from sim_bridges.render_geometry import HIDDEN_ROWS, H, W
+
+
+def tile_geometry(src: int, dst: int, unit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per output pixel j of a `src`->`dst` area shrink: its split pixel, xcounter there and xfrac.
+
+    Replays the filter's counter loop (`xspace = unit*src/dst`; accumulate while xcounter > unit, else split).
+    """
+    xspace = unit * src // dst
+    split, counter, frac = [], [], []
+    xc = xspace
+    for x in range(src):
+        if xc > unit:
+            xc -= unit
+        else:
+            split.append(x)
+            counter.append(xc)
+            frac.append(unit - xc)
+            xc = xspace - (unit - xc)
+    assert len(split) == dst, "the shrink must write exactly dst pixels"
+    return np.array(split, np.int64), np.array(counter, np.int64), np.array(frac, np.int64)
+
+
+@njit(cache=True)
+def shrink_rows(cv, xc, xfrac, recip, shift, saturate, out, flip=True):
+    """smoothscale's X pass over the tiled rows: out (n_rows, 96 * 3) RGB, written bottom-up (the flip) if `flip`.
+
+    Output j depends only on tile j and the split pixel of tile j-1; where both are uniform and equal to the row
+    above's, the value is copied from there (most of a frame: large one-colour areas).
+    """
+    _, colour, pool, _, _, t_start, t_end = cv
+    n_rows, n_out = colour.shape[0], out.shape[1] // 3
+    up = -1 if flip else 1
+    for r in range(n_rows):
+        o = n_rows - 1 - r if flip else r  # output row; o - up holds the canvas row above
+        for j in range(n_out):
+            cj = colour[r, j]
+            if r > 0 and cj >= 0 and cj == colour[r - 1, j]:
+                if j == 0 or (colour[r, j - 1] >= 0 and colour[r, j - 1] == colour[r - 1, j - 1]):
+                    for ch in range(3):
+                        out[o, 3 * j + ch] = out[o - up, 3 * j + ch]
+                    continue
+            n = t_end[j] - t_start[j]  # full pixels; pixel n is the split one
+            c0 = c1 = c2 = 0
+            if j > 0:
+                d, f = colour[r, j - 1], xfrac[j - 1]
+                if d < 0:
+                    d = pool[-d - 1, t_end[j - 1] - t_start[j - 1]]
+                c0 = ((((d >> 16) & 255) << shift) * f) >> 16
+                c1 = ((((d >> 8) & 255) << shift) * f) >> 16
+                c2 = (((d & 255) << shift) * f) >> 16
+            if cj >= 0:
+                p0, p1, p2 = (cj >> 16) & 255, (cj >> 8) & 255, cj & 255
+                s0, s1, s2 = c0 + p0 * n, c1 + p1 * n, c2 + p2 * n
+            else:
+                s0, s1, s2 = c0, c1, c2
+                slot = -cj - 1
+                for i in range(n):
+                    d = pool[slot, i]
+                    s0 += (d >> 16) & 255
+                    s1 += (d >> 8) & 255
+                    s2 += d & 255
+                d = pool[slot, n]
+                p0, p1, p2 = (d >> 16) & 255, (d >> 8) & 255, d & 255
+            a = xc[j]
+            v0 = ((s0 + (((p0 << shift) * a) >> 16)) * recip) >> 16
+            v1 = ((s1 + (((p1 << shift) * a) >> 16)) * recip) >> 16
+            v2 = ((s2 + (((p2 << shift) * a) >> 16)) * recip) >> 16
+            if saturate:
+                out[o, 3 * j], out[o, 3 * j + 1], out[o, 3 * j + 2] = min(v0, 255), min(v1, 255), min(v2, 255)
+            else:
+                out[o, 3 * j], out[o, 3 * j + 1], out[o, 3 * j + 2] = v0 & 255, v1 & 255, v2 & 255
+
+
+@njit(cache=True)
+def shrink_columns(src, r_start, r_end, yc, yfrac, recip, shift, saturate, out):
+    """smoothscale's Y pass: src (n_src_rows, 96 * 3) -> out (96, 96 * 3), rows tiled like the X pass's columns."""
+    n = src.shape[1]
+    carry = np.zeros(n, np.int32)
+    acc = np.empty(n, np.int32)
+    for j in range(out.shape[0]):
+        acc[:] = carry
+        for y in range(r_start[j], r_end[j]):
+            for i in range(n):
+                acc[i] += src[y, i]
+        a, f, last = yc[j], yfrac[j], r_end[j]
+        for i in range(n):
+            t = np.int32(src[last, i]) << shift
+            v = ((acc[i] + ((t * a) >> 16)) * recip) >> 16
+            out[j, i] = min(v, 255) if saturate else v & 255
+            carry[i] = (t * f) >> 16
+
+
+@njit(cache=True)
+def shrink_pixels(pixels, t_start, t_end, xc, xfrac, recip, shift, saturate, out):
+    """smoothscale's X pass over plain pixel rows: pixels (n_rows, W) 0x..RRGGBB -> out (n_rows, 96 * 3) RGB."""
+    for r in range(pixels.shape[0]):
+        c0 = c1 = c2 = 0
+        for j in range(out.shape[1] // 3):
+            s0, s1, s2 = c0, c1, c2
+            for x in range(t_start[j], t_end[j]):
+                d = np.int64(pixels[r, x])
+                s0 += (d >> 16) & 255
+                s1 += (d >> 8) & 255
+                s2 += d & 255
+            d = np.int64(pixels[r, t_end[j]])
+            p0, p1, p2 = ((d >> 16) & 255) << shift, ((d >> 8) & 255) << shift, (d & 255) << shift
+            a = xc[j]
+            v0 = ((s0 + ((p0 * a) >> 16)) * recip) >> 16
+            v1 = ((s1 + ((p1 * a) >> 16)) * recip) >> 16
+            v2 = ((s2 + ((p2 * a) >> 16)) * recip) >> 16
+            if saturate:
+                out[r, 3 * j], out[r, 3 * j + 1], out[r, 3 * j + 2] = min(v0, 255), min(v1, 255), min(v2, 255)
+            else:
+                out[r, 3 * j], out[r, 3 * j + 1], out[r, 3 * j + 2] = v0 & 255, v1 & 255, v2 & 255
+            f = xfrac[j]
+            c0, c1, c2 = (p0 * f) >> 16, (p1 * f) >> 16, (p2 * f) >> 16
+
+
+class Tiles:
+    """Buffers and smoothscale geometry of `sim_bridges.fast_render`'s exact path (one smoothscale backend's maths):
+    the tiled world canvas of `sim_bridges.raster`, the bar's (`sim_bridges.indicators`), the X-shrunk frame."""
+
+    def __init__(self, backend: str) -> None:
+        sse = backend != "GENERIC"
+        unit = 0x4000 if sse else 0x10000
+        self.shift, self.saturate = (2, True) if sse else (0, False)
+        split, self.xc, self.xfrac = tile_geometry(W, cr.STATE_W, unit)
+        self.t_start = np.concatenate([[0], split + 1])  # (97,) the last tile: pixels after the final split
+        self.t_end = np.concatenate([split, [W - 1]])
+        self.tile_of = np.repeat(np.arange(len(self.t_start)), self.t_end - self.t_start + 1)  # (W,)
+        rows, self.yc, self.yfrac = tile_geometry(H, cr.STATE_H, unit)
+        self.r_start, self.r_end = np.concatenate([[0], rows[:-1] + 1]), rows
+        top = 0x40000000 if sse else 1 << 32
+        self.xrecip, self.yrecip = top // (unit * W // cr.STATE_W), top // (unit * H // cr.STATE_H)
+        n_vis = H - HIDDEN_ROWS
+        self.colour = np.zeros((n_vis, len(self.t_start)), np.int32)  # a tile's colour, or -1 - its pool slot
+        self.pool = np.zeros((n_vis * len(self.t_start), 16), np.int32)  # every tile pooled, at worst
+        self.used = np.zeros(1, np.int64)
+        self.frame = np.zeros((H, cr.STATE_W * 3), np.uint8)  # X-shrunk: flipped world rows, then the bar
+        self.out = np.zeros((cr.STATE_H, cr.STATE_W * 3), np.uint8)
+        self.bar_colour = np.zeros((HIDDEN_ROWS, len(self.t_start)), np.int32)  # the bar's own tiled canvas
+        self.bar_pool = np.zeros((HIDDEN_ROWS * len(self.t_start), 16), np.int32)
+        self.bar_used = np.zeros(1, np.int64)
+        self.bar_key: tuple | None = None  # (score string, rectangles) behind frame's bar rows
+
+    def canvas(self) -> tuple:
+        """The `sim_bridges.raster` canvas tuple."""
+        return HIDDEN_ROWS, self.colour, self.pool, self.used, self.tile_of, self.t_start, self.t_end
+
+    def bar_canvas(self) -> tuple:
+        """The same for the bar rows, H - HIDDEN_ROWS.. of the flipped surface."""
+        return H - HIDDEN_ROWS, self.bar_colour, self.bar_pool, self.bar_used, self.tile_of, self.t_start, self.t_end
