@@ -27,7 +27,7 @@ from datasets.files import clean_temp
 from datasets.frames import FRAME_CODINGS
 from drive.errors import UserError
 from drive.loop.envs import ENVS, make_env
-from drive.loop.lanes import act_lanes, cached_lanes
+from drive.loop.lanes import act_lanes, cached_lanes, episodes_in
 from drive.loop.options import CollectOptions
 from drive.loop.policies import NoisyPolicy
 from drive.loop.pool import Ticker, check_ray, run_tasks
@@ -207,8 +207,8 @@ def collect(opts: CollectOptions, recorder: RecorderFactory) -> Summary:
             write_manifest(root, settings, list(done.values()), todo)
         k = opts.envs
         tasks = [(str(root), settings, todo[i : i + k]) for i in range(0, len(todo), k)]
-        run_tasks(collect_episodes, tasks, opts.workers, finished,
-                  show=opts.progress, label="collect", extra=(recorder,), ray=opts.ray)  # fmt: skip
+        run_tasks(collect_episodes, tasks, opts.workers, finished, show=opts.progress, label="collect",
+                  extra=(recorder,), ray=opts.ray, size=episodes_in)  # fmt: skip
         if not (root / MANIFEST).exists() or read_manifest(root).get("pending"):
             write_manifest(root, settings, list(done.values()))
         return Summary(root, seeds, new, len(seeds) - len(todo), time.perf_counter() - start)

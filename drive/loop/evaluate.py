@@ -26,7 +26,7 @@ from drive.errors import UserError
 from drive.loop.envs import make_env
 from drive.loop.failures import FailureMonitor, failure_report, nominal_thresholds, split_traces
 from drive.loop.fallback import FallbackConfig
-from drive.loop.lanes import act_lanes, cached_lanes
+from drive.loop.lanes import act_lanes, cached_lanes, episodes_in
 from drive.loop.options import EvalOptions
 from drive.loop.policies import aggregate
 from drive.loop.pool import Ticker, run_tasks
@@ -105,7 +105,7 @@ def _episodes(opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, An
     k = opts.envs
     tasks = [(opts.policy, settings, tuple(seeds[i : i + k])) for i in range(0, len(seeds), k)]
     run_tasks(evaluate_episodes, tasks, opts.workers, records.extend, show=opts.progress, label=label,
-              extra=(observers,) if observers is not None else (), ray=opts.ray)  # fmt: skip
+              extra=(observers,) if observers is not None else (), ray=opts.ray, size=episodes_in)  # fmt: skip
     return sorted(records, key=lambda r: r["seed"])
 
 

@@ -147,3 +147,8 @@ def cached_lanes(cache: dict[Any, list[Any]], key: Any, k: int, policy: Callable
     if len(lanes) < k:
         lanes += [lane(p) for p in lane_copies(lanes[0].policy, k - len(lanes) + 1)[1:]]
     return lanes[:k]
+
+
+def episodes_in(task: tuple) -> int:
+    """How many episodes a lanes task (ARG, SETTINGS, SEEDS) holds: `run_tasks`'s progress counts episodes."""
+    return len(task[2])

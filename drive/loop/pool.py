@@ -86,25 +86,29 @@ def run_tasks(
     label: str = "episodes",
     extra: tuple = (),
     ray: str | None = None,
+    size: Callable[[tuple], int] | None = None,
 ) -> None:
     """Run `fn(*task, tick, *extra)` for each task, in this process (workers=1) or in a process pool, one task per
     job (in a worker `tick` is None: the worker reports frames through the shared counter); with `ray` (local, auto
     or a cluster address) as Ray tasks, `workers` of them in flight.
 
     `on_result` gets each result as it arrives (in completion order); `tick(n)` reports n more frames for the
-    progress bar. A failing task stops the run with an error naming the task; finished results were already handed
+    progress bar, `size(task)` how many episodes a task holds (default 1; K with K cars per process), which the
+    bar counts. A failing task stops the run with an error naming the task; finished results were already handed
     over, so a caller that persists them in `on_result` loses nothing.
     """
     if not tasks:
         return
+    weight = size or (lambda task: 1)
+    total = sum(weight(t) for t in tasks)
     if ray is not None:
         from drive.loop.ray_pool import run_on_ray  # Ray is an optional extra: imported only when asked for
 
         run_on_ray(fn, tasks, workers, on_result, extra, ray, label,
-                   lambda counter: FrameProgress(len(tasks), counter, show, label), DeferredInterrupt())  # fmt: skip
+                   lambda counter: FrameProgress(total, counter, show, label), DeferredInterrupt(), weight)  # fmt: skip
         return
     if workers == 1 or len(tasks) == 1:
-        _run_here(fn, tasks, on_result, show, label, extra)  # Ctrl-C raises in the episode: nothing else runs
+        _run_here(fn, tasks, on_result, show, label, extra, weight)  # Ctrl-C raises in the episode: nothing else runs
         return
     ctx = _pool_context()
     counter = ctx.Value("q", 0)
@@ -114,12 +118,13 @@ def run_tasks(
         # submit (which starts the workers) before the progress bar starts its refresh thread: fork with one thread
         with _sigint_ignored():  # inherited by the workers, even through spawn's exec: none dies of an early Ctrl-C
             pending = {pool.submit(fn, *task, None, *extra): task for task in tasks}
-        with DeferredInterrupt() as interrupt, FrameProgress(len(tasks), counter, show, label) as bar:
+        with DeferredInterrupt() as interrupt, FrameProgress(total, counter, show, label) as bar:
             while pending and not interrupt.hit:
                 complete, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
                 for future in complete:
-                    on_result(_result(future, pending.pop(future), label))
-                    n_done += 1
+                    task = pending.pop(future)
+                    on_result(_result(future, task, label))
+                    n_done += weight(task)
                 bar.update(n_done)
             if interrupt.hit:  # what finished before the Ctrl-C is kept; the rest is dropped below
                 for future in [f for f in pending if f.done() and not f.cancelled() and f.exception() is None]:
@@ -197,19 +202,19 @@ class DeferredInterrupt:
 
 
 def _run_here(fn: Callable[..., Any], tasks: list[tuple], on_result: Callable[[Any], None], show: bool, label: str,
-              extra: tuple) -> None:  # fmt: skip
+              extra: tuple, weight: Callable[[tuple], int]) -> None:  # fmt: skip
     counter = mp.Value("q", 0, lock=False)
-    results: list = []
+    done = 0
 
     def tick(n: int) -> None:
         counter.value += n
-        bar.update(len(results))
+        bar.update(done)
 
-    with FrameProgress(len(tasks), counter, show, label) as bar:
+    with FrameProgress(sum(weight(t) for t in tasks), counter, show, label) as bar:
         for task in tasks:
-            results.append(fn(*task, tick, *extra))
-            on_result(results[-1])
-            bar.update(len(results))
+            on_result(fn(*task, tick, *extra))
+            done += weight(task)
+            bar.update(done)
 
 
 class FrameProgress:

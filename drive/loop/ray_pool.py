@@ -140,7 +140,7 @@ class _Polled:
 
 def run_on_ray(fn: Callable[..., Any], tasks: list[tuple], workers: int, on_result: Callable[[Any], None],
                extra: tuple, address: str, label: str, progress: Callable[[Any], AbstractContextManager],
-               interrupt: Any) -> None:  # fmt: skip
+               interrupt: Any, weight: Callable[[tuple], int] = lambda task: 1) -> None:  # fmt: skip
     """`run_tasks` on Ray; `progress(counter)` is the driver's progress bar over a counter with `.value`;
     `interrupt` (drive/loop/pool.py's DeferredInterrupt), while entered, turns a first Ctrl-C into `interrupt.hit`."""
     ray = _ray()
@@ -159,8 +159,9 @@ def run_on_ray(fn: Callable[..., Any], tasks: list[tuple], workers: int, on_resu
                     pending[run_one.remote(fn_ref, task, extra_ref, frames)] = task
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=0.25)
                 for ref in done:
-                    on_result(_result(ray, ref, pending.pop(ref), label))
-                    n_done += 1
+                    task = pending.pop(ref)
+                    on_result(_result(ray, ref, task, label))
+                    n_done += weight(task)
                 bar.update(n_done)
             if interrupt.hit:  # what finished before the Ctrl-C is kept; the tasks in flight are cancelled below
                 done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])

@@ -32,6 +32,7 @@ import numpy as np
 from datasets.files import atomic_write
 from datasets.root import portable
 from drive.loop.evaluate import evaluate_episodes
+from drive.loop.lanes import episodes_in
 from drive.loop.pool import run_tasks
 from drive.options import Workers
 from drive.studies import misbehaviour_report as report
@@ -92,7 +93,7 @@ def run_cell(cell: Cell, run: RunSettings) -> list[dict[str, Any]]:
              for i in range(0, len(seeds), run.envs)]  # fmt: skip
     records: list[dict[str, Any]] = []
     run_tasks(evaluate_episodes, tasks, run.workers, records.extend, show=run.progress, label=cell.name[:40],
-              extra=(factory,), ray=run.ray)  # fmt: skip
+              extra=(factory,), ray=run.ray, size=episodes_in)  # fmt: skip
     return sorted(records, key=lambda r: r["seed"])
 
 

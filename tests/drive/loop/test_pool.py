@@ -133,3 +133,29 @@ def test_the_pool_forks_unless_cuda_is_up_or_the_system_is_not_linux(monkeypatch
     assert pool._pool_context().get_start_method() == method
     monkeypatch.delitem(sys.modules, "torch")
     assert pool._pool_context().get_start_method() == "fork"  # no torch: fork everywhere it exists, as before
+
+
+def _lane_task(arg: str, settings: dict, seeds: tuple, tick) -> list[int]:
+    return list(seeds)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_progress_bar_counts_episodes_of_lane_tasks(workers, monkeypatch):
+    """A task of K seeds (K cars per process) advances the bar by K episodes, and the total is the episodes'."""
+    seen: list[tuple[str, int]] = []
+
+    class Recording(pool.FrameProgress):
+        def __enter__(self):
+            seen.append(("total", self.n_episodes))
+            return super().__enter__()
+
+        def update(self, n_finished: int) -> None:
+            seen.append(("done", n_finished))
+            super().update(n_finished)
+
+    monkeypatch.setattr(pool, "FrameProgress", Recording)
+    tasks = [("a", {}, (1, 2, 3)), ("a", {}, (4, 5)), ("a", {}, (6,))]
+    got: list[int] = []
+    run_tasks(_lane_task, tasks, workers, got.extend, show=False, size=lambda t: len(t[2]))
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    assert seen[0] == ("total", 6) and max(n for kind, n in seen if kind == "done") == 6
