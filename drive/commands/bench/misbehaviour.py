@@ -62,8 +62,8 @@ class Config:
     """step limit per episode"""
     workers: Workers = 1
     """parallel worker processes (with --ray: episodes in flight)"""
-    envs: PositiveInt = 1
-    """cars per worker process, one controller call per step for all"""
+    envs: PositiveInt = 8
+    """cars per worker process, one controller call per step for all (records do not depend on it)"""
     ray: str | None = None
     """run the episodes as Ray tasks: local, auto or HOST:PORT"""
     seed: NonNegativeInt = 0
