@@ -25,7 +25,7 @@ from drive.errors import UserError
 from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Workers
 
 DEFAULT_SHIFTS = (
-    "blur:2", "blur:4", "motion_blur:9", "motion_blur:17", "fog:0.5", "fog:0.8", "darkness:2", "darkness:4",
+    "blur:2", "blur:4", "motion_blur:9", "motion_blur:17", "fog:0.5", "fog:0.8", "darkness:0.5", "darkness:0.8",
     "jpeg:90", "jpeg:97", "rain:40", "hue:90", "occlusion:0.25", "domain_randomize", "steer_delay:6",
     "action_noise:0.3", "noise:0.2", "brightness:0.4", "escalate:fog:0.3,0.6,0.8,0.9@4",
     "escalate:motion_blur:5,11,17,25@4",

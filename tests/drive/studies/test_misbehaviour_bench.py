@@ -78,3 +78,11 @@ def test_a_plugged_in_shift_is_benchmarked_and_a_killed_run_resumes_to_the_same_
     assert 1 <= done < 4 and not (killed / "results.json").exists(), done
     assert main(_args(killed)) == 0
     assert _stable(json.loads((killed / "results.json").read_text())) == _stable(results)
+
+
+def test_every_default_condition_parses():
+    """The benchmark's default conditions are valid specs (a level out of a family's range would stop the run)."""
+    from drive.commands.bench.misbehaviour import DEFAULT_SHIFTS
+    from drive.loop.shifts import parse_shift
+
+    assert [str(parse_shift(spec)) for spec in DEFAULT_SHIFTS]
