@@ -132,11 +132,16 @@ class NSACConfig:
     ood_valid: bool = True
     """input surrogate: keep it a valid input of x's dtype (uint8 frames: rounded, clamped to [0, 255]); False: the
     raw float surrogate, whose out-of-range pixels the network learns to flag instead of the perturbation"""
+    ood_fit: float = 0.0
+    """weight of the NLL of the surrogate's mean prediction against the clean label (0: the paper's loss, which
+    fits the clean batch only): the passes may disagree off-distribution, their mean must still drive"""
 
     def __post_init__(self):
         heads_divide(self, self.encoder.d_model)
         at_least(self, 1, "out_dim")
-        at_least(self, 0, "top_k", "noise_scale", "reg_weight", "var_eps", "ood_scale", "ood_gain", "ood_offset")
+        at_least(
+            self, 0, "top_k", "noise_scale", "reg_weight", "var_eps", "ood_scale", "ood_gain", "ood_offset", "ood_fit"
+        )
         at_least(self, -1, "time_feature")
         in_range(self, "wiring_seed", 0, 2**32 - 8)  # numpy seeds; each wiring adds up to 3
         positive(self, "reg_eps")
@@ -265,9 +270,9 @@ class NSAC(Controller):
         if cfg.ood_at == "input":
             x_ood = self.ood_inputs(x)
             tokens_ood, normed_ood = self._encode(x_ood)
-            mu_ood, _ = self._attend(x_ood, tokens_ood, normed_ood, n, None)
+            mu_ood, var_ood = self._attend(x_ood, tokens_ood, normed_ood, n, None)
         else:
-            mu_ood, _ = self._attend(x, tokens, self.ood_tokens(normed), n, None)
+            mu_ood, var_ood = self._attend(x, tokens, self.ood_tokens(normed), n, None)
         epi_id, epi_ood = mu.var(0, unbiased=False).mean(-1), mu_ood.var(0, unbiased=False).mean(-1)  # (B,) each
         if not cfg.reg_pairs:
             epi_id, epi_ood = epi_id.mean(), epi_ood.mean()
@@ -275,8 +280,12 @@ class NSAC(Controller):
         reg = torch.log1p((epi_id + floor) / (epi_ood + cfg.reg_eps)).mean()
         epi_id, epi_ood = epi_id.mean(), epi_ood.mean()
         parts = {"nll": nll, "reg": reg, "epi_id": epi_id, "epi_ood": epi_ood}
+        loss = nll + cfg.reg_weight * reg
+        if cfg.ood_fit > 0:  # the surrogate's mean prediction fitted to the clean label as well
+            parts["nll_ood"] = gaussian_nll(mu_ood.mean(0), (var_ood + cfg.var_eps).mean(0), y)
+            loss = loss + cfg.ood_fit * parts["nll_ood"]
         self.last_loss = {k: v.item() for k, v in parts.items()}
-        return nll + cfg.reg_weight * reg
+        return loss
 
     def internals(self) -> dict[str, Tensor]:
         """kappa, phi, psi, mu, sigma2 (logit mean/var), keys (B, H, n, K); attention (S, B, H, n, K); ou_time, the

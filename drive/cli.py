@@ -58,6 +58,8 @@ COMMANDS: dict[tuple[str, ...], str] = {
     "eval (K cars, 1-2 workers), with ratios.",
     ("bench", "misbehaviour"): "Benchmark: misbehaviour prediction (field protocol: TTM windows, F3) and prevention.",
     ("bench", "scale"): "Benchmark: collection on 1, 2 Ray workers and training on 1, 2 DDP ranks, with ratios.",
+    ("bench", "controllers"): "Benchmark: six controllers at one budget over seeds, offline, closed loop and OOD, with "
+    "95 % intervals.",
     ("bench", "offline"): "Benchmark tables of the offline tasks (uci, forecast, spiral): every controller, seed.",
 }
 

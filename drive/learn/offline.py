@@ -193,18 +193,19 @@ def run_grid(grid: Grid, progress: bool = True) -> list[dict[str, Any]]:
             _set_aside(cell.run_dir, "ran other agents/ code (--refresh)")
             done = False
         (records if done else todo).append(cell)
+    todo.sort(key=lambda c: c.seed)  # every row's first seed before any row's second: a partial grid compares rows
     records = [_record(c, "done", 0.0) for c in records]
     bar = tqdm(todo, desc=f"bench offline {grid.task}", unit="cell", disable=not progress, dynamic_ncols=True)
     for cell in bar:
         bar.set_postfix_str(f"{cell.dataset or grid.task} {cell.row} seed {cell.seed}")
-        lock = _lock(cell.run_dir)
-        if lock is None:
+        held = lock(cell.run_dir)
+        if held is None:
             records.append(_record(cell, "busy", 0.0))
             continue
         try:
             records.append(_train_cell(grid, cell))
         finally:
-            lock.unlink(missing_ok=True)
+            held.unlink(missing_ok=True)
     return records
 
 
@@ -247,10 +248,10 @@ def _set_aside(run_dir: Path, why: str) -> None:
     log.warning("%s: %s; set aside as %s.stale-*, training afresh", run_dir, why, run_dir.name)
 
 
-def _lock(run_dir: Path) -> Path | None:
-    """RUN/lock created exclusively with our pid; None while a live process holds it (a dead one's is taken)."""
+def lock(run_dir: Path, name: str = "lock") -> Path | None:
+    """RUN/<name> created exclusively with our pid; None while a live process holds it (a dead one's is taken)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "lock"
+    path = run_dir / name
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)

@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 
 DATA = "DIR: a dataset recorded by `drive collect` (or `drive dagger`)"
 TARGETS = ACTION_NAMES
+# `drive bench controllers` (and `drive bench offline --task demos`): the six controllers and NSAC's variants, one
+# budget for all (the command's --epochs and --set); NSAC's backbone of 8 neurons is the shipped model's
+CONTROLLERS = ("nsac", "gmle", "mcd", "de", "der", "sdenet")
+VARIANTS = {"nsac": ("nsac", ("backbone_units=8",)), "nsac-fit": ("nsac", ("backbone_units=8", "ood_fit=1"))}
+DEFAULT_SEEDS = {"default": 3}
 
 
 @dataclass(frozen=True)

@@ -140,9 +140,9 @@ def test_report_plots_trajectories_and_decomposition(tmp_path):
 
 def test_cell_lock_skips_a_live_holder_and_takes_a_stale_one(tmp_path):
     run = tmp_path / "cell"
-    held = offline._lock(run)
+    held = offline.lock(run)
     assert held is not None and held.read_text() == str(os.getpid())
-    assert offline._lock(run) is None  # held by a live process (this one)
+    assert offline.lock(run) is None  # held by a live process (this one)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     held.write_text(dead.stdout.strip())  # its process has exited: the lock is stale
-    assert offline._lock(run) == held and held.read_text() == str(os.getpid())
+    assert offline.lock(run) == held and held.read_text() == str(os.getpid())

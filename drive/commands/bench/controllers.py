@@ -1,0 +1,100 @@
+"""`drive bench controllers`: the six controllers (and NSAC's variants) at one budget, ≥ 3 seeds, with intervals.
+
+    drive bench controllers --data runs/ref/data --out runs/ref/bench       # the reference recipe (README)
+    drive bench controllers --data runs/ref/data --out runs/ref/bench &     # a second process shares the work
+    drive bench controllers --data runs/ref/data --out runs/ref/bench --report-only
+
+Trains every row on --data with the same --epochs and --set (one `drive train` command per run, recorded in
+results.md), drives each best.pt on --eval-seeds clean and under every --shifts condition, scores OOD detection on
+the --ood families per seed, and reports every figure as mean ± 95 % interval over the seeds with Welch's test
+against --reference (drive/studies/controllers.py). Rerunning resumes; cells are locked, so two processes running
+the same command split it. Writes OUT/results.json, OUT/results.md and OUT/returns.png.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from drive.errors import UserError
+from drive.options import NonNegativeInt, PositiveInt
+
+BUDGET = ("task.stride=4", "n_heads=4", "trainer.patience=0")
+
+
+@dataclass(frozen=True)
+class Config:
+    data: Path
+    """the demonstrations every row trains on (a `drive collect` / `drive dagger` dataset)"""
+    out: Path
+    """benchmark directory: runs/, ood/, results.json, results.md, returns.png; rerunning resumes"""
+    controllers: tuple[str, ...] = ("all",)
+    """rows: all (nsac gmle mcd de der sdenet nsac-fit) or controller / variant names"""
+    seeds: PositiveInt = 3
+    """training seeds 0..N-1 per row (seed s also draws the episodes' train/val/test split, the same for every row)"""
+    epochs: PositiveInt = 5
+    """epochs of every row"""
+    set: tuple[str, ...] = BUDGET
+    """KEY=VALUE overrides of every row (as drive train --set): the common budget"""
+    reference: str = "nsac"
+    """the row every other is tested against"""
+    eval_seeds: str = "1000-1009"
+    """unseen track seeds of the closed loop"""
+    shifts: tuple[str, ...] = ("noise:0.2", "motion_blur:9")
+    """closed-loop conditions besides the clean camera (drive eval --perturb specs)"""
+    ood: str = "motion_blur:9,fog:0.5,hue:90,jpeg:90,rain:40,blur:2,noise:0.1,brightness:0.6"
+    """drive ood families (KIND:LEVEL,...); NSAC's surrogate families (noise, brightness) are reported apart"""
+    ood_episodes: PositiveInt = 8
+    """test episodes per seed scored by drive ood"""
+    max_episode_steps: PositiveInt = 1000
+    """closed-loop step limit per episode"""
+    envs: NonNegativeInt = 0
+    """cars per process in the closed loop (0: drive eval's default)"""
+    threads: PositiveInt = 1
+    """torch CPU threads per process"""
+    device: str = "cpu"
+    """torch device"""
+    report_only: bool = False
+    """train and drive nothing: the report from the finished files"""
+    progress: bool = True
+    """progress bars"""
+
+
+def run(cfg: Config) -> int:
+    from drive.learn import offline  # torch and the simulator: not for `--help`
+    from drive.loop.shifts import parse_shift
+    from drive.studies import controllers as study_mod
+    from drive.studies.controllers_text import write_report
+
+    if not (cfg.data / "manifest.json").is_file():
+        raise UserError(f"--data {cfg.data}: not a dataset (no manifest.json; record one with drive collect)")
+    for spec in cfg.shifts:
+        try:
+            parse_shift(spec)
+        except ValueError as exc:
+            raise UserError(f"--shifts {spec!r}: {exc}") from None
+    grid = offline.make_grid("demos", controllers=cfg.controllers, seeds=cfg.seeds, out=cfg.out, data=str(cfg.data),
+                             epochs=cfg.epochs, overrides=cfg.set, threads=cfg.threads, device=cfg.device)  # fmt: skip
+    if cfg.reference not in grid.rows:
+        raise UserError(f"--reference {cfg.reference!r} is not a row ({', '.join(grid.rows)})")
+    study = study_mod.Study(grid, cfg.eval_seeds, tuple(cfg.shifts), cfg.ood, cfg.ood_episodes, cfg.envs,
+                            cfg.reference, cfg.max_episode_steps)  # fmt: skip
+    study_mod._families(study)  # a bad --ood fails here, not after the training
+    cells = offline.cells(grid)
+    print(f"{len(cells)} training runs ({sum(offline.cell_state(c) == 'done' for c in cells)} done), "
+          f"{len(cells) * len(study.conditions)} closed-loop runs -> {cfg.out}")  # fmt: skip
+    if not cfg.report_only:
+        offline.run_grid(grid, progress=cfg.progress)
+        study_mod.ood_cells(study)
+        study_mod.drive_cells(study, progress=cfg.progress)
+    results = study_mod.aggregate(study)
+    argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "controllers"] else []
+    command = "drive bench controllers " + (shlex.join(argv) if argv else f"--data {cfg.data} --out {cfg.out}")
+    paths = write_report(cfg.out, results, command)
+    ref = results["rows"].get(cfg.reference, {}).get("clean return", {})
+    if ref.get("mean") is not None:
+        print(f"{cfg.reference}: clean return {ref['mean']:.1f} (n={ref['n']})")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0

@@ -1,0 +1,226 @@
+"""`drive bench controllers`: every controller trained on one dataset at one budget, over several seeds, then driven
+and scored the same way; each figure a mean over training seeds with a 95 % interval, differences tested.
+
+Three stages; each unit of work is a file, written atomically and locked while it is made, so a killed run rerun
+with the same arguments keeps what finished, and two processes running the same command share the work:
+1. Training: the `drive bench offline --task demos` grid (drive/learn/offline.py), one `drive train` run per (row,
+   seed) in OUT/runs/demos/<row>/seed<s>. Every row gets the same data, --epochs and --set (so the same gradient
+   steps) and the same selection rule (best.pt by the validation MSE, the demos task's default); training seed s
+   also draws the episodes' train / validation / test split, the same split for every row.
+2. Closed loop: each run's best.pt driven on the unseen --eval-seeds tracks, clean and under each --shifts condition
+   (drive/loop/evaluate.py, as `drive eval`; failure prediction off): RUN/closed_loop/<condition>.json.
+3. OOD detection: per training seed, `drive ood` over every row's best.pt (they share seed s's test episodes): the
+   AUROC of each uncertainty separating clean frames from each --ood family, OUT/ood/seed<s>.json.
+
+`aggregate` turns the files into per-row statistics: the mean over seeds, the half-width of a 95 % Student-t interval
+(t_{0.975, n-1} s / sqrt(n)) and, against the reference row, Welch's two-sided t-test; a difference with p < 0.05 is
+marked significant. With 3 seeds a t-interval is wide (t_{0.975, 2} = 4.30): a difference it does not mark is not
+shown to be real, whatever the means say. Held-out families (no method trains on them) are averaged into the OOD
+headline; NSAC's surrogate families (`noise`, `brightness`: its regulariser trains on them) are reported apart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datasets.files import atomic_write
+from drive.learn import offline
+from drive.loop.shifts import parse_shift
+
+CLEAN = "clean"
+OFFLINE_METRICS = ("mse", "nll", "crps", "ece", "coverage_90")
+LOOP_METRICS = ("return", "laps", "coverage90_steer", "nll_expert_steer", "epistemic_var_steer", "latency_ms_p50")
+SHIFT_METRICS = ("return", "retained", "laps", "epistemic_ratio")
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Study:
+    grid: offline.Grid
+    eval_seeds: str
+    shifts: tuple[str, ...]
+    ood: str  # drive ood --perturb
+    ood_episodes: int
+    envs: int
+    reference: str
+    max_episode_steps: int = 1000
+
+    @property
+    def conditions(self) -> tuple[str, ...]:
+        return (CLEAN, *self.shifts)
+
+
+def loop_path(cell: offline.Cell, condition: str) -> Path:
+    return cell.run_dir / "closed_loop" / f"{condition.replace(':', '_')}.json"
+
+
+def ood_path(study: Study, seed: int) -> Path:
+    return study.grid.out / "ood" / f"seed{seed}.json"
+
+
+def _trained(cell: offline.Cell) -> bool:
+    return (cell.run_dir / "metrics.json").is_file() and (cell.run_dir / "best.pt").is_file()
+
+
+def drive_cells(study: Study, progress: bool = True) -> int:
+    """Every (trained run, condition) not yet driven, driven; returns how many were driven here."""
+    from tqdm.auto import tqdm
+
+    from drive.loop.evaluate import evaluate
+    from drive.loop.options import EvalOptions
+
+    todo = [(c, cond) for c in offline.cells(study.grid) if _trained(c) for cond in study.conditions
+            if not loop_path(c, cond).is_file()]  # fmt: skip
+    done = 0
+    for cell, condition in tqdm(todo, desc="closed loop", unit="run", disable=not progress, dynamic_ncols=True):
+        path = loop_path(cell, condition)
+        held = offline.lock(path.parent, path.stem + ".lock")
+        if held is None or path.is_file():
+            continue
+        try:
+            opts = EvalOptions(policy=f"ckpt:{cell.run_dir / 'best.pt'}", seeds=study.eval_seeds, progress=False,
+                               perturb="" if condition == CLEAN else condition, failure_horizon=0, envs=study.envs,
+                               max_episode_steps=study.max_episode_steps, device=study.grid.device)  # fmt: skip
+            result = evaluate(opts)
+            atomic_write(path, (json.dumps(result, indent=1) + "\n").encode())
+            done += 1
+        finally:
+            held.unlink(missing_ok=True)
+    return done
+
+
+def ood_cells(study: Study) -> int:
+    """`drive ood` for every training seed whose rows have all trained and that has no result yet."""
+    from drive.commands import ood
+
+    done = 0
+    for seed in study.grid.seeds:
+        runs = [c for c in offline.cells(study.grid) if c.seed == seed]
+        path = ood_path(study, seed)
+        if path.is_file() or not runs or not all(_trained(c) for c in runs):
+            continue
+        held = offline.lock(path.parent, path.stem + ".lock")
+        if held is None:
+            continue
+        try:
+            ood.run(ood.Config(ckpt=tuple(c.run_dir / "best.pt" for c in runs), out=path, perturb=study.ood,
+                               max_episodes=study.ood_episodes, threads=study.grid.threads))  # fmt: skip
+            done += 1
+        finally:
+            held.unlink(missing_ok=True)
+    return done
+
+
+# -- the report ----------------------------------------------------------------------------------------------------
+def interval(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, 95 % Student-t half-width (None for one value), sd and n of the finite values."""
+    from scipy import stats
+
+    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], np.float64)
+    if arr.size == 0:
+        return {"mean": None, "half_width": None, "sd": None, "n": 0, "values": []}
+    sd = float(arr.std(ddof=1)) if arr.size > 1 else None
+    half = float(stats.t.ppf(0.975, arr.size - 1) * sd / math.sqrt(arr.size)) if sd is not None else None
+    return {"mean": float(arr.mean()), "half_width": half, "sd": sd, "n": int(arr.size), "values": arr.tolist()}
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided p of Welch's t-test; None when either side has fewer than 2 values or both are constant."""
+    from scipy import stats
+
+    x = np.asarray([v for v in a if v is not None and math.isfinite(v)], np.float64)
+    y = np.asarray([v for v in b if v is not None and math.isfinite(v)], np.float64)
+    if x.size < 2 or y.size < 2 or (x.std() == 0 and y.std() == 0):
+        return None
+    with warnings.catch_warnings():  # nearly equal samples (laps 1, 1, 1 against 1, 1, 0.9): scipy warns, p stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+    return p if math.isfinite(p) else None
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _loop_values(result: dict[str, Any]) -> dict[str, float]:
+    n = max(1, int(result["n_episodes"]))
+    return {"return": result["mean_return"], "laps": result["laps_finished"] / n,
+            **{k: result.get(k) for k in LOOP_METRICS if k not in ("return", "laps")}}  # fmt: skip
+
+
+def per_seed(study: Study) -> dict[str, dict[str, dict[int, float]]]:
+    """{row: {metric: {seed: value}}} from every finished file."""
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    oods = {s: _read(ood_path(study, s)) for s in study.grid.seeds}
+    families = _families(study)
+    for cell in offline.cells(study.grid):
+        row = out.setdefault(cell.row, {})
+        metrics = _read(cell.run_dir / "metrics.json")
+        if metrics is None:
+            continue
+        for key in OFFLINE_METRICS:
+            row.setdefault(f"test {key}", {})[cell.seed] = metrics["test"].get(key)
+        row.setdefault("train s", {})[cell.seed] = metrics.get("train_seconds")
+        clean = _read(loop_path(cell, CLEAN))
+        if clean is not None:
+            for key, value in _loop_values(clean).items():
+                row.setdefault(f"{CLEAN} {key}", {})[cell.seed] = value
+        for shift in study.shifts:
+            shifted = _read(loop_path(cell, shift))
+            if shifted is None:
+                continue
+            values = _loop_values(shifted)
+            for key in ("return", "laps"):
+                row.setdefault(f"{shift} {key}", {})[cell.seed] = values[key]
+            if clean is not None:
+                base = _loop_values(clean)
+                row.setdefault(f"{shift} retained", {})[cell.seed] = values["return"] / base["return"]
+                if base["epistemic_var_steer"]:
+                    ratio = values["epistemic_var_steer"] / base["epistemic_var_steer"]
+                    row.setdefault(f"{shift} epistemic_ratio", {})[cell.seed] = ratio
+        ood = oods.get(cell.seed)
+        if ood is not None:
+            report = next((r for r in ood["controllers"].values() if Path(r["ckpt"]) == cell.run_dir / "best.pt"), None)
+            if report is not None:
+                for family in (*families["held_out"], *families["surrogate"]):
+                    row.setdefault(f"ood {family}", {})[cell.seed] = report[family]["auroc_epistemic_all"]
+                held = [report[f]["auroc_epistemic_all"] for f in families["held_out"]]
+                if held:
+                    row.setdefault("ood held-out mean", {})[cell.seed] = float(np.mean(held))
+    return out
+
+
+def _families(study: Study) -> dict[str, list[str]]:
+    from datasets.perturb import parse_perturbations
+
+    names = [str(p) for p in parse_perturbations(study.ood)] if study.ood else []
+    surrogate = [n for n in names if parse_shift(n).surrogate_family]
+    return {"held_out": [n for n in names if n not in surrogate], "surrogate": surrogate}
+
+
+def aggregate(study: Study) -> dict[str, Any]:
+    """results.json's dict: per row and metric the interval over seeds and Welch's p against the reference row."""
+    values = per_seed(study)
+    ref = values.get(study.reference, {})
+    rows = {}
+    for row, metrics in values.items():
+        rows[row] = {}
+        for metric, by_seed in metrics.items():
+            entry = interval(list(by_seed.values()))
+            if row != study.reference and metric in ref:
+                p = welch(list(by_seed.values()), list(ref[metric].values()))
+                entry.update(p_vs_reference=p, significant=p is not None and p < ALPHA)
+            entry["seeds"] = sorted(by_seed)
+            rows[row][metric] = entry
+    commands = {c.row: c.command for c in offline.cells(study.grid) if c.seed == study.grid.seeds[0]}
+    return {"reference": study.reference, "seeds": list(study.grid.seeds), "eval_seeds": study.eval_seeds,
+            "shifts": list(study.shifts), "ood": _families(study), "alpha": ALPHA, "rows": rows,
+            "train_commands": commands}  # fmt: skip
