@@ -18,9 +18,9 @@ What a task module contributes (drive/learn/tasks/__init__.py documents the cont
 DATASETS / PROTOCOLS (the Options fields `dataset` / `protocol` select one; a task without them is one table),
 CONTROLLERS (registry names: the rows `--controllers all` runs, then every VARIANT), VARIANTS ({row:
 (controller, overrides)}: a row that is a controller with fixed `--set` overrides, e.g. spiral's NSAC without its
-regulariser), DEFAULT_SEEDS ({protocol: n}),
-n_runs(dataset, protocol, root) (the most runs a protocol has), PAPER ({protocol: {table key: {row: {metric:
-value}}}}, the table key being the dataset for its headline test set and "dataset/name" for metrics.json
+regulariser), NAMED_VARIANTS (the same, run only when `--controllers` names them: an ablation), DEFAULT_SEEDS
+({protocol: n}), n_runs(dataset, protocol, root) (the most runs a protocol has), PAPER ({protocol: {table key:
+{row: {metric: value}}}}, the table key being the dataset for its headline test set and "dataset/name" for metrics.json
 "tests"[name]; "default" stands for the protocol of a task without one), PAPER_SOURCES ({protocol: citation}),
 REPORT_PLOTS (which pooled plots drive/observe/report.py draws), summary(runs) (a task's own tables and claims over
 the finished runs, [{"dataset", "row", "seed", "metrics"}] -> {"tables": [{"title", "note", "columns", "rows"}],
@@ -122,11 +122,17 @@ def make_grid(task: str, *, protocol: str | None = None, datasets: tuple[str, ..
                 device, tuple(rows if tuple(refresh) == ("all",) else refresh))  # fmt: skip
 
 
+def _variants(mod) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The task's VARIANTS (rows of `all`) and NAMED_VARIANTS (rows run only when named, e.g. an ablation)."""
+    return {**getattr(mod, "NAMED_VARIANTS", {}), **getattr(mod, "VARIANTS", {})}
+
+
 def _rows(mod, task: str, controllers: tuple[str, ...]) -> tuple[str, ...]:
-    variants = getattr(mod, "VARIANTS", {})
+    variants = _variants(mod)
     full = tuple(getattr(mod, "CONTROLLERS", ("nsac", "gmle", "mcd", "de", "der", "sdenet")))
     # a variant may share its controller's name (sa-uci's ft-swag trains differently): such a row is listed once
-    rows = tuple(dict.fromkeys((*full, *variants))) if tuple(controllers) in ((), ("all",)) else tuple(controllers)
+    every = (*full, *getattr(mod, "VARIANTS", {}))
+    rows = tuple(dict.fromkeys(every)) if tuple(controllers) in ((), ("all",)) else tuple(controllers)
     bad = [r for r in rows if r not in REGISTRY and r not in variants]
     if bad:
         raise UserError(f"--controllers {', '.join(bad)}: not a controller ({', '.join(REGISTRY)}) nor a variant of "
@@ -137,7 +143,7 @@ def _rows(mod, task: str, controllers: tuple[str, ...]) -> tuple[str, ...]:
 def cells(grid: Grid) -> list[Cell]:
     """Every cell of the grid, seeds beyond a protocol's runs (Gal's protein has 5 splits) left out."""
     mod = tasks.module(grid.task)
-    variants = getattr(mod, "VARIANTS", {})
+    variants = _variants(mod)
     out = []
     for dataset in grid.datasets:
         limit = len(grid.seeds)

@@ -67,3 +67,14 @@ def test_two_rows_two_seeds_are_trained_driven_scored_and_tabled(demos, tmp_path
 def test_bad_inputs_stop_in_one_line_before_any_work(tmp_path, capsys):
     assert main(["bench", "controllers", "--data", str(tmp_path), "--out", str(tmp_path / "b")]) == 2
     assert "not a dataset" in capsys.readouterr().err
+
+
+def test_the_loss_ablation_rows_run_only_when_named(tmp_path):
+    from drive.learn import offline
+
+    every = offline.make_grid("demos", data="d", out=tmp_path)
+    assert every.rows == ("nsac", "gmle", "mcd", "de", "der", "sdenet", "nsac-fit")
+    named = offline.make_grid("demos", data="d", out=tmp_path, controllers=("nsac-paper-batch-heads", "nsac-noreg"))
+    first = [c for c in offline.cells(named) if c.seed == 0]
+    assert [c.controller for c in first] == ["nsac", "nsac"]
+    assert "reg_form=paper reg_pairs=false ood_at=heads" in first[0].command and "reg_weight=0" in first[1].command
