@@ -97,6 +97,31 @@ def drive_cells(study: Study, progress: bool = True) -> int:
     return done
 
 
+def expert_path(study: Study) -> Path:
+    return study.grid.out / "expert_clean.json"
+
+
+def expert_cell(study: Study) -> None:
+    """The labelling expert (the dataset's) on the same tracks, clean: the return a clone is measured against."""
+    from drive.loop.evaluate import evaluate
+    from drive.loop.options import EvalOptions
+
+    path = expert_path(study)
+    manifest = json.loads((Path(str(study.grid.data)) / "manifest.json").read_text())
+    expert = str(manifest["settings"].get("expert", "pursuit"))
+    if path.is_file():
+        return
+    held = offline.lock(path.parent, path.stem + ".lock")
+    if held is None:
+        return
+    try:
+        opts = EvalOptions(policy=f"expert:{expert}", seeds=study.eval_seeds, progress=False,
+                           max_episode_steps=study.max_episode_steps)  # fmt: skip
+        atomic_write(path, (json.dumps(evaluate(opts), indent=1) + "\n").encode())
+    finally:
+        held.unlink(missing_ok=True)
+
+
 def ood_cells(study: Study) -> int:
     """`drive ood` for every training seed whose rows have all trained and that has no result yet."""
     from drive.commands import ood
@@ -220,6 +245,11 @@ def aggregate(study: Study) -> dict[str, Any]:
                 entry.update(p_vs_reference=p, significant=p is not None and p < ALPHA)
             entry["seeds"] = sorted(by_seed)
             rows[row][metric] = entry
+    expert = _read(expert_path(study))
+    if expert is not None:
+        rows[f"expert ({expert['policy'].removeprefix('expert:')})"] = {
+            f"{CLEAN} {k}": interval([v]) | {"seeds": []} for k, v in _loop_values(expert).items() if v is not None
+        }
     commands = {c.row: c.command for c in offline.cells(study.grid) if c.seed == study.grid.seeds[0]}
     return {"reference": study.reference, "seeds": list(study.grid.seeds), "eval_seeds": study.eval_seeds,
             "shifts": list(study.shifts), "ood": _families(study), "alpha": ALPHA, "rows": rows,

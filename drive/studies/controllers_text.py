@@ -27,6 +27,19 @@ def _table(results: dict[str, Any], metrics: list[tuple[str, str]]) -> list[str]
     return lines
 
 
+def headline(results: dict[str, Any]) -> list[str]:
+    """The README's table: return, laps and coverage clean; the share of it kept under each shift; OOD AUROC on the
+    held-out families (mean) and on NSAC's surrogate families; the offline test NLL."""
+    fam = results["ood"]
+    metrics = [(f"{CLEAN} return", "return clean"), (f"{CLEAN} laps", "laps"),
+               (f"{CLEAN} coverage90_steer", "cov90 steer")]  # fmt: skip
+    metrics += [(f"{shift} retained", f"return kept, {shift}") for shift in results["shifts"]]
+    if fam["held_out"]:
+        metrics.append(("ood held-out mean", "OOD AUROC, held-out families"))
+    metrics += [(f"ood {f}", f"OOD AUROC, {f} (NSAC's surrogate)") for f in fam["surrogate"]]
+    return _table(results, [*metrics, ("test nll", "test NLL"), ("test mse", "test MSE")])
+
+
 def markdown(results: dict[str, Any], command: str) -> str:
     ref, fam = results["reference"], results["ood"]
     out = [
@@ -38,6 +51,10 @@ def markdown(results: dict[str, Any], command: str) -> str:
         f"`*`: Welch's t-test against the reference row `{ref}` gives p < {results['alpha']} (the p-values are in "
         "results.json). No `*` means the difference is not shown to be real at this number of seeds. Closed loop on "
         f"the unseen tracks {results['eval_seeds']}.",
+        "",
+        "## Headline",
+        "",
+        *headline(results),
         "",
         "## Offline: the held-out test episodes of each seed's split",
         "",

@@ -86,6 +86,7 @@ def run(cfg: Config) -> int:
     print(f"{len(cells)} training runs ({sum(offline.cell_state(c) == 'done' for c in cells)} done), "
           f"{len(cells) * len(study.conditions)} closed-loop runs -> {cfg.out}")  # fmt: skip
     if not cfg.report_only:
+        study_mod.expert_cell(study)
         offline.run_grid(grid, progress=cfg.progress)
         study_mod.ood_cells(study)
         study_mod.drive_cells(study, progress=cfg.progress)

@@ -41,7 +41,9 @@ def test_two_rows_two_seeds_are_trained_driven_scored_and_tabled(demos, tmp_path
             "task.test_fraction=0.2"]  # fmt: skip
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
-    assert list(results["rows"]) == ["nsac", "gmle"] and results["reference"] == "nsac"
+    assert list(results["rows"]) == ["nsac", "gmle", "expert (pursuit)"] and results["reference"] == "nsac"
+    expert = json.loads((out / "expert_clean.json").read_text())  # the labelling expert, same tracks, one run
+    assert results["rows"]["expert (pursuit)"]["clean return"]["mean"] == expert["mean_return"]
     assert results["ood"] == {"held_out": ["blur:2"], "surrogate": ["noise:0.1"]}
     gmle, nsac = results["rows"]["gmle"], results["rows"]["nsac"]
     for key in ("test mse", "clean return", "noise:0.2 return", "noise:0.2 retained", "ood blur:2",
@@ -53,7 +55,8 @@ def test_two_rows_two_seeds_are_trained_driven_scored_and_tabled(demos, tmp_path
     clean = json.loads((out / "runs/demos/gmle/seed1/closed_loop/clean.json").read_text())
     assert gmle["noise:0.2 retained"]["values"][1] == pytest.approx(one["mean_return"] / clean["mean_return"])
     text = (out / "results.md").read_text()
-    assert "## Closed loop under `noise:0.2`" in text and "blur:2" in text and "(NSAC's surrogate)" in text
+    assert "## Headline" in text and "## Closed loop under `noise:0.2`" in text
+    assert "blur:2" in text and "(NSAC's surrogate)" in text
     assert "--controller gmle --seed 0" in text and (out / "returns.png").stat().st_size > 0
     # a rerun finds everything done: nothing is trained or driven again, the results are the same
     made = [p for p in out.rglob("*.json") if "closed_loop" in p.parts or p.parent.name in ("ood", "seed0", "seed1")]
