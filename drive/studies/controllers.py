@@ -124,7 +124,7 @@ def expert_cell(study: Study) -> None:
 
 def ood_cells(study: Study) -> int:
     """`drive ood` for every training seed whose rows have all trained and that has no result yet."""
-    from drive.commands import ood
+    from drive.studies.ood import OODOptions, detect
 
     done = 0
     for seed in study.grid.seeds:
@@ -136,8 +136,8 @@ def ood_cells(study: Study) -> int:
         if held is None:
             continue
         try:
-            ood.run(ood.Config(ckpt=tuple(c.run_dir / "best.pt" for c in runs), out=path, perturb=study.ood,
-                               max_episodes=study.ood_episodes, threads=study.grid.threads))  # fmt: skip
+            detect(OODOptions(ckpt=tuple(c.run_dir / "best.pt" for c in runs), out=path, perturb=study.ood,
+                              max_episodes=study.ood_episodes, threads=study.grid.threads))  # fmt: skip
             done += 1
         finally:
             held.unlink(missing_ok=True)
