@@ -193,7 +193,7 @@ def per_seed(study: Study) -> dict[str, dict[str, dict[int, float]]]:
             continue
         for key in OFFLINE_METRICS:
             row.setdefault(f"test {key}", {})[cell.seed] = metrics["test"].get(key)
-        row.setdefault("train s", {})[cell.seed] = metrics.get("train_seconds")
+        row.setdefault("train s", {})[cell.seed] = metrics["fit"]["train_seconds"]
         clean = _read(loop_path(cell, CLEAN))
         if clean is not None:
             for key, value in _loop_values(clean).items():

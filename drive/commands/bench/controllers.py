@@ -68,7 +68,7 @@ def run(cfg: Config) -> int:
     from drive.studies import controllers as study_mod
     from drive.studies.controllers_text import write_report
 
-    if not (cfg.data / "manifest.json").is_file():
+    if not cfg.report_only and not (cfg.data / "manifest.json").is_file():
         raise UserError(f"--data {cfg.data}: not a dataset (no manifest.json; record one with drive collect)")
     for spec in cfg.shifts:
         try:

@@ -47,7 +47,7 @@ def test_two_rows_two_seeds_are_trained_driven_scored_and_tabled(demos, tmp_path
     assert results["ood"] == {"held_out": ["blur:2"], "surrogate": ["noise:0.1"]}
     gmle, nsac = results["rows"]["gmle"], results["rows"]["nsac"]
     for key in ("test mse", "clean return", "noise:0.2 return", "noise:0.2 retained", "ood blur:2",
-                "ood held-out mean", "ood noise:0.1"):  # fmt: skip
+                "ood held-out mean", "ood noise:0.1", "train s"):  # fmt: skip
         assert gmle[key]["n"] == 2 and nsac[key]["n"] == 2, key
         assert "p_vs_reference" in gmle[key] and "p_vs_reference" not in nsac[key], key
     one = json.loads((out / "runs/demos/gmle/seed1/closed_loop/noise_0.2.json").read_text())
