@@ -3,13 +3,16 @@ stays short, every report in docs/ is reachable from it, and its one results tab
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shlex
+import tarfile
 from pathlib import Path
 
 import pytest
 
+from drive import cli
 from drive.cli import main
 from drive.observe.trace import read_trace
 from drive.observe.video import read_video
@@ -122,14 +125,44 @@ def _table(text: str, header: str) -> list[str]:
     return rows
 
 
-def test_the_readme_results_table_is_the_closed_loop_reports():
-    """The README's one results table is docs/closed_loop.md's headline table, row for row."""
+def _sections(text: str) -> dict[str, list[str]]:
+    """{'## heading': the first table under it} for every level-2 heading with a table."""
+    return {line: _table(text, line) for line in text.splitlines() if line.startswith("## ") and _table(text, line)}
+
+
+def test_the_readme_results_table_is_the_benchmarks_report(tmp_path, monkeypatch):
+    """The README's one results table is docs/controllers.md's headline, and every table of that page is what
+    `drive bench controllers --report-only` makes of the archived records (docs/controllers_runs/, no weights)."""
     readme = (REPO / "README.md").read_text()
-    report = (REPO / "docs" / "closed_loop.md").read_text()
+    report = (REPO / "docs" / "controllers.md").read_text()
     shown = _table(readme, "## Results")
-    assert len(shown) == 9 and shown[0].startswith("| controller | return mean ± std |")  # header, rule, expert, six
-    assert shown == _table(report, "## The headline table")
-    assert "docs/closed_loop.md#limits-of-the-headline-table" in _links(REPO / "README.md")
+    assert shown[0].startswith("| row | n | return clean | laps | cov90 steer | return kept, noise:0.2 |")
+    assert shown == _table(report, "## Headline")
+    assert "docs/controllers.md" in _links(REPO / "README.md")
+    monkeypatch.chdir(tmp_path)  # the records name their run directories relative to the working directory
+    out = tmp_path / "runs" / "ref" / "bench"
+    out.mkdir(parents=True)
+    with tarfile.open(REPO / "docs" / "controllers_runs" / "records.tar.gz") as tar:
+        tar.extractall(out, filter="data")
+    argv = ["bench", "controllers", "--data", "runs/ref/data", "--out", "runs/ref/bench", "--report-only"]
+    assert main(argv) == 0
+    made = _sections((out / "results.md").read_text())
+    assert len(made) >= 5 and made["## Headline"] == shown
+    for heading, table in made.items():
+        assert heading in report and _table(report, heading) == table, heading
+
+
+def test_the_results_commands_parse():
+    """Every `drive ...` line of the README's results section is a command line the parser accepts."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Results") : text.index("## Speed")]
+    lines = [w for line in re.findall(r"^drive .*$", section, flags=re.M) if (w := shlex.split(line, comments=True))]
+    assert len(lines) >= 4
+    for words in lines:
+        found = cli._find_command(words[1:])
+        assert found is not None, words
+        module = importlib.import_module(cli.module_name(found[0]))
+        cli._parse(module, found[1], "drive", "")
 
 
 @pytest.mark.usefixtures("one_thread")

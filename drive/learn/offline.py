@@ -132,7 +132,7 @@ def _rows(mod, task: str, controllers: tuple[str, ...]) -> tuple[str, ...]:
     full = tuple(getattr(mod, "CONTROLLERS", ("nsac", "gmle", "mcd", "de", "der", "sdenet")))
     # a variant may share its controller's name (sa-uci's ft-swag trains differently): such a row is listed once
     every = (*full, *getattr(mod, "VARIANTS", {}))
-    rows = tuple(dict.fromkeys(every)) if tuple(controllers) in ((), ("all",)) else tuple(controllers)
+    rows = tuple(dict.fromkeys(r for c in controllers or ("all",) for r in (every if c == "all" else (c,))))
     bad = [r for r in rows if r not in REGISTRY and r not in variants]
     if bad:
         raise UserError(f"--controllers {', '.join(bad)}: not a controller ({', '.join(REGISTRY)}) nor a variant of "

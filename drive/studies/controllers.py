@@ -122,15 +122,23 @@ def expert_cell(study: Study) -> None:
         held.unlink(missing_ok=True)
 
 
+def _scored(path: Path, runs: list[offline.Cell]) -> bool:
+    """The seed's OOD file holds every one of these runs (a row added to the bench later is not in it)."""
+    done = _read(path)
+    held = {Path(r["ckpt"]) for r in done["controllers"].values()} if done else set()
+    return all(c.run_dir / "best.pt" in held for c in runs)
+
+
 def ood_cells(study: Study) -> int:
-    """`drive ood` for every training seed whose rows have all trained and that has no result yet."""
+    """`drive ood` for every training seed whose rows have all trained and whose result lacks one of them (the
+    seed's runs are scored again together: the frames are drawn once per call, and the same seed redraws them)."""
     from drive.studies.ood import OODOptions, detect
 
     done = 0
     for seed in study.grid.seeds:
         runs = [c for c in offline.cells(study.grid) if c.seed == seed]
         path = ood_path(study, seed)
-        if path.is_file() or not runs or not all(_trained(c) for c in runs):
+        if not runs or not all(_trained(c) for c in runs) or _scored(path, runs):
             continue
         held = offline.lock(path.parent, path.stem + ".lock")
         if held is None:

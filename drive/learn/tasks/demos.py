@@ -61,13 +61,15 @@ CONTROLLERS = ("nsac", "gmle", "mcd", "de", "der", "sdenet")
 VARIANTS = {"nsac": ("nsac", ("backbone_units=8",)), "nsac-fit": ("nsac", ("backbone_units=8", "ood_fit=1"))}
 DEFAULT_SEEDS = {"default": 3}
 # NSAC's loss ablation (agents/nsac.py): the regulariser's form x what it averages x where the surrogate is drawn,
-# and no regulariser; run only when named: drive bench controllers --controllers nsac nsac-noreg nsac-paper-batch ...
+# and no regulariser; run only when named: drive bench controllers --controllers all nsac-noreg nsac-paper-batch-input
 NAMED_VARIANTS = {
     f"nsac-{form}-{mean}-{at}": ("nsac", ("backbone_units=8", f"reg_form={form}",
                                           f"reg_pairs={'true' if mean == 'pairs' else 'false'}", f"ood_at={at}"))
     for form in ("paper", "anchored") for mean in ("batch", "pairs") for at in ("input", "heads")
     if (form, mean, at) != ("anchored", "pairs", "input")  # the row `nsac`: the default loss
 } | {"nsac-noreg": ("nsac", ("backbone_units=8", "reg_weight=0"))}  # fmt: skip
+# the weight of ood_fit (agents/nsac.py) below nsac-fit's 1: how much of the epistemic signal a weaker fit keeps
+NAMED_VARIANTS |= {f"nsac-fit-{w}": ("nsac", ("backbone_units=8", f"ood_fit={w}")) for w in ("0.1", "0.3")}
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,13 @@ def test_two_rows_two_seeds_are_trained_driven_scored_and_tabled(demos, tmp_path
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     again = json.loads((out / "results.json").read_text())
     assert again["rows"] == results["rows"]
+    # a row added later: trained, driven, and scored with its seed's rows (their OOD figures drawn the same again)
+    grown = [*args[:7], "mcd", *args[7:]]
+    assert main(grown) == 0
+    more = json.loads((out / "results.json").read_text())
+    assert more["rows"]["mcd"]["ood blur:2"]["n"] == 2 and more["rows"]["mcd"]["clean return"]["n"] == 2
+    for key in ("ood blur:2", "ood noise:0.1", "clean return"):
+        assert more["rows"]["gmle"][key]["values"] == results["rows"]["gmle"][key]["values"], key
 
 
 def test_bad_inputs_stop_in_one_line_before_any_work(tmp_path, capsys):
@@ -81,3 +88,7 @@ def test_the_loss_ablation_rows_run_only_when_named(tmp_path):
     first = [c for c in offline.cells(named) if c.seed == 0]
     assert [c.controller for c in first] == ["nsac", "nsac"]
     assert "reg_form=paper reg_pairs=false ood_at=heads" in first[0].command and "reg_weight=0" in first[1].command
+    both = offline.make_grid("demos", data="d", out=tmp_path, controllers=("all", "nsac-fit-0.3", "gmle"))
+    assert both.rows == (*every.rows, "nsac-fit-0.3")  # `all` and named rows together, each once
+    fit = next(c for c in offline.cells(both) if c.row == "nsac-fit-0.3")
+    assert "backbone_units=8 ood_fit=0.3" in fit.command
