@@ -95,6 +95,17 @@ def _inputs(cfg: OODOptions, perturbations, coders: dict[tuple, ObservationCoder
     return {key: {name: torch.cat(parts) for name, parts in views.items()} for key, views in stacks.items()}
 
 
+def _unique(name: str, path: Path, taken: dict) -> str:
+    """The controller's name, or name:DIR/.../DIR with as many of its folders as make it unique (three NSAC variants
+    of one seed differ only two folders up), or a counter as the last resort."""
+    parents = path.parent.parts
+    for n in range(len(parents) + 1):
+        label = f"{name}:{'/'.join(parents[len(parents) - n :])}" if n else name
+        if label not in taken:
+            return label
+    return next(f"{name}#{i}" for i in range(2, len(taken) + 3) if f"{name}#{i}" not in taken)
+
+
 def detect(cfg: OODOptions) -> int:
     """Score every checkpoint on clean and perturbed test frames; write cfg.out (JSON) and its figure."""
     import torch
@@ -120,7 +131,7 @@ def detect(cfg: OODOptions) -> int:
         model, payload = checkpoint.load_controller(path)
         fp = payload.get("data", {})
         coder = ObservationCoder.from_fingerprint(fp, payload["config"].get("encoder", {}).get("n_tokens", 4))
-        name = payload["name"] if payload["name"] not in models else f"{payload['name']}:{Path(path).parent.name}"
+        name = _unique(payload["name"], Path(path), models)
         models[name] = (model, (coder.coding, coder.input, coder.k), str(path), fp.get("manifest_sha256"))
     if len({m[3] for m in models.values()}) > 1:
         raise UserError("--ckpt: the checkpoints were trained on different data (manifest sha256 differ)")

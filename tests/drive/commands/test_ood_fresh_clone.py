@@ -39,3 +39,13 @@ def test_sa_calibrate_names_the_regeneration_too(tmp_path, capsys, monkeypatch):
     assert main(["sa", "calibrate", "--ckpt", str(NSAC), "--out", str(tmp_path / "sa"), "--no-progress",
                  "--data", str(tmp_path / "empty")]) == 2  # fmt: skip
     assert str(tmp_path / "empty") in capsys.readouterr().err
+
+
+def test_every_checkpoint_keeps_its_own_row_when_controllers_share_a_name():
+    """Three NSAC variants of one seed differ only two folders up: each gets its own row, none overwrites another."""
+    from drive.studies.ood import _unique
+
+    taken: dict[str, int] = {}
+    for path in ["b/nsac/seed2/best.pt", "b/nsac-fit/seed2/best.pt", "b/nsac-fit-0.3/seed2/best.pt", "best.pt"]:
+        taken[_unique("nsac", Path(path), taken)] = 1
+    assert list(taken) == ["nsac", "nsac:seed2", "nsac:nsac-fit-0.3/seed2", "nsac#2"]
