@@ -11,10 +11,20 @@ from datasets.files import atomic_write
 from drive.studies.controllers import CLEAN, LOOP_METRICS, OFFLINE_METRICS, SHIFT_METRICS
 
 
+def _fixed(value: float, scale: float) -> str:
+    """value with the decimals the magnitude of `scale` (the cell's mean) calls for: 913, 0.734, 0.0326, 3.5e-05."""
+    a = abs(scale)
+    for bound, decimals in ((100, 0), (10, 1), (1, 2), (0.1, 3), (0.001, 4)):
+        if a >= bound:
+            return f"{value:.{decimals}f}"
+    return f"{value:.2g}" if a else f"{value:.3f}"
+
+
 def _cell(entry: dict[str, Any] | None) -> str:
     if entry is None or entry["mean"] is None:
         return "–"
-    text = f"{entry['mean']:.3g}" + (f" ± {entry['half_width']:.2g}" if entry["half_width"] is not None else "")
+    mean, half = entry["mean"], entry["half_width"]
+    text = _fixed(mean, mean) + (f" ± {_fixed(half, mean)}" if half is not None else "")
     return text + (" *" if entry.get("significant") else "")
 
 
@@ -31,7 +41,7 @@ def headline(results: dict[str, Any]) -> list[str]:
     """The README's table: return, laps and coverage clean; the share of it kept under each shift; OOD AUROC on the
     held-out families (mean) and on NSAC's surrogate families; the offline test NLL."""
     fam = results["ood"]
-    metrics = [(f"{CLEAN} return", "return clean"), (f"{CLEAN} laps", "laps"),
+    metrics = [(f"{CLEAN} return", "return clean"), (f"{CLEAN} laps", "lap share"),
                (f"{CLEAN} coverage90_steer", "cov90 steer")]  # fmt: skip
     metrics += [(f"{shift} retained", f"return kept, {shift}") for shift in results["shifts"]]
     if fam["held_out"]:
@@ -96,10 +106,13 @@ def plot_returns(results: dict[str, Any], path: Path) -> Path:
         entries = [results["rows"][r].get(f"{cond} return") for r in rows]
         means = [e["mean"] if e and e["mean"] is not None else 0.0 for e in entries]
         errs = [e["half_width"] if e and e["half_width"] is not None else 0.0 for e in entries]
-        ax.bar([i + (j - (len(conditions) - 1) / 2) * width for i in range(len(rows))], means, width, yerr=errs,
-               capsize=2, label=cond)  # fmt: skip
+        xs = [i + (j - (len(conditions) - 1) / 2) * width for i in range(len(rows))]
+        ax.bar(xs, means, width, yerr=errs, capsize=2, label=cond, error_kw={"elinewidth": 0.8, "alpha": 0.6})
+        for i, (x, e) in enumerate(zip(xs, entries, strict=True)):  # each seed's value: one bad seed shows as one
+            seeds = (e or {}).get("values") or []
+            ax.scatter([x] * len(seeds), seeds, s=9, color="black", zorder=3, label="seed" if i == j == 0 else None)
     ax.set_xticks(range(len(rows)), rows)
-    ax.set_ylabel("closed-loop return (mean, 95 % CI)")
+    ax.set_ylabel("closed-loop return\n(bar: mean, 95 % CI; dots: seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
