@@ -130,25 +130,41 @@ def _sections(text: str) -> dict[str, list[str]]:
     return {line: _table(text, line) for line in text.splitlines() if line.startswith("## ") and _table(text, line)}
 
 
-def test_the_readme_results_table_is_the_benchmarks_report(tmp_path, monkeypatch):
-    """The README's one results table is docs/controllers.md's headline, and every table of that page is what
-    `drive bench controllers --report-only` makes of the archived records (docs/controllers_runs/, no weights)."""
+# archive in docs/controllers_runs/ -> (its page in docs/, the bench's --out, --controllers)
+BENCHES = {
+    "records.tar.gz": ("controllers.md", "runs/ref/bench", ["all", "nsac-fit-0.3", "nsac-fit-0.1"]),
+    "ablation.tar.gz": ("nsac_ablation.md", "runs/ref/ablation",
+                        ["nsac", "nsac-noreg", "nsac-paper-batch-input", "nsac-paper-batch-heads",
+                         "nsac-paper-pairs-input", "nsac-paper-pairs-heads", "nsac-anchored-batch-input",
+                         "nsac-anchored-batch-heads", "nsac-anchored-pairs-heads"]),
+}  # fmt: skip
+
+
+def test_the_readme_results_table_is_the_controllers_report():
     readme = (REPO / "README.md").read_text()
-    report = (REPO / "docs" / "controllers.md").read_text()
     shown = _table(readme, "## Results")
     assert shown[0].startswith("| row | n | return clean | lap share | cov90 steer | return kept, noise:0.2 |")
-    assert shown == _table(report, "## Headline")
+    assert shown == _table((REPO / "docs" / "controllers.md").read_text(), "## Headline")
     assert "docs/controllers.md" in _links(REPO / "README.md")
+
+
+@pytest.mark.parametrize("archive", sorted(BENCHES))
+def test_a_bench_page_is_what_its_archived_records_make(tmp_path, monkeypatch, archive):
+    """Every table of the page is what `drive bench controllers --report-only` makes of the archived records
+    (docs/controllers_runs/ARCHIVE: metrics, configs, closed-loop and OOD results, no weights)."""
+    page, out_dir, rows = BENCHES[archive]
+    report = (REPO / "docs" / page).read_text()
+    assert f"--out {out_dir} --controllers {' '.join(rows)}" in " ".join(report.split())  # the command it shows
     monkeypatch.chdir(tmp_path)  # the records name their run directories relative to the working directory
-    out = tmp_path / "runs" / "ref" / "bench"
+    out = tmp_path / out_dir
     out.mkdir(parents=True)
-    with tarfile.open(REPO / "docs" / "controllers_runs" / "records.tar.gz") as tar:
+    with tarfile.open(REPO / "docs" / "controllers_runs" / archive) as tar:
         tar.extractall(out, filter="data")
-    argv = ["bench", "controllers", "--data", "runs/ref/data", "--out", "runs/ref/bench", "--report-only",
-            "--controllers", "all", "nsac-fit-0.3", "nsac-fit-0.1"]  # fmt: skip
+    argv = ["bench", "controllers", "--data", "runs/ref/data", "--out", out_dir, "--report-only", "--controllers",
+            *rows]  # fmt: skip
     assert main(argv) == 0
     made = _sections((out / "results.md").read_text())
-    assert len(made) >= 5 and made["## Headline"] == shown
+    assert len(made) >= 5 and all(len(t) >= 2 + len(rows) for t in made.values())
     for heading, table in made.items():
         assert heading in report and _table(report, heading) == table, heading
 
