@@ -9,7 +9,9 @@ CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so
 skipped with a note where it does not import), all three on the same pre-drawn random actions, in `--rounds` rounds
 that alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
 K = 1, 4, 16 cars per process (`--envs K`), and the best K again on 2 workers. Collect and eval rates count the whole
-run (worker start-up, policy building, shards written) over all its steps.
+run (worker start-up, policy building, shards written) over all its steps. The eval runs drive their episodes only
+(`failure_horizon=0`): with failure prediction on, `drive eval` also drives five nominal calibration laps whose steps
+the rate would not count (an earlier version of this benchmark charged them to the eval rows).
 
 Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
 threads included): they are what a step costs, whatever else runs on the machine. Wall-clock rates are printed
@@ -222,7 +224,7 @@ def eval_row(cfg: Config, k: int, workers: int) -> Row:
     n = cfg.eval_episodes * workers
     options = EvalOptions(policy=cfg.policy, seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}", workers=workers,  # type: ignore[call-arg]
                           samples=cfg.samples, max_episode_steps=cfg.eval_max_episode_steps, progress=False,
-                          envs=k)  # fmt: skip
+                          envs=k, failure_horizon=0)  # fmt: skip
     steps, wall, cpu = _timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
     return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers})
 

@@ -24,6 +24,10 @@ def _stand_in(tmp_path, source: str) -> str:
 
 def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", _stand_in(tmp_path, "raise ImportError('stand-in: no envpool here')\n"))
+    from drive.loop import evaluate as evaluate_mod
+
+    horizons, real = [], evaluate_mod.evaluate
+    monkeypatch.setattr(evaluate_mod, "evaluate", lambda o: horizons.append(o.failure_horizon) or real(o))
     out = tmp_path / "closedloop.json"
     code = main(["bench", "closedloop", "--steps", "8", "--rounds", "2", "--episodes", "2", "--max-episode-steps",
                  "6", "--samples", "2", "--envs", "1", "2", "--eval-episodes", "2", "--eval-max-episode-steps", "3",
@@ -41,6 +45,7 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     assert set(results["ratios"]) >= set(closedloop.TARGETS) and set(results["met"]) == set(closedloop.TARGETS)
     assert results["ratios"]["renderer_over_envpool"] is None and results["met"]["renderer_over_envpool"] is None
     assert all(v is not None for k, v in results["ratios"].items() if k != "renderer_over_envpool")
+    assert horizons == [0, 0, 0]  # the eval rows drive their episodes only: no uncounted calibration laps
 
 
 STAND_IN = """
