@@ -72,9 +72,9 @@ class FrameTokens(nn.Module):
 
     In closed loop (`remember_frames(True)`, set by drive/loop/policies.py) a frame's token is computed once: a stack
     of k frames slides by one frame per step, so k - 1 of each step's frames were encoded before. The memo is keyed
-    by the frame's bytes (exact), holds the last FRAME_MEMO frames, is used only without autograd on uint8 input, and
-    encodes the new frames in a batch of at least `agents.lanes.MIN_ROWS` rows, so every token equals the one the
-    full stack computes (tests/drive/loop/test_lanes.py). Cuts the encoder's cost per step about k-fold.
+    by the frame's bytes (exact), holds the FRAME_MEMO frames used last, is used only without autograd on uint8
+    input, and encodes the new frames in a batch of at least `agents.lanes.MIN_ROWS` rows, so every token equals the
+    one the full stack computes (tests/drive/loop/test_lanes.py). Cuts the encoder's cost per step about k-fold.
     """
 
     FRAME_MEMO = 4096
@@ -106,6 +106,8 @@ class FrameTokens(nn.Module):
         frames = x.reshape(-1, *x.shape[2:])  # (B*T, 84, 84)
         keys = [f.numpy().tobytes() for f in frames.cpu()]  # a no-op copy on the CPU
         new = {key: i for i, key in enumerate(keys) if key not in self.memo}  # first row of each unseen frame
+        for key in dict.fromkeys(k for k in keys if k not in new):  # a frame seen again is the newest again
+            self.memo[key] = self.memo.pop(key)
         if new:
             rows = frames[list(new.values())]  # (N, 84, 84)
             pad = max(0, MIN_ROWS - len(rows))
@@ -113,9 +115,12 @@ class FrameTokens(nn.Module):
             tokens = self.cnn(rows.unsqueeze(1).float() / 255.0)  # (max(N, MIN_ROWS), d)
             for key, token in zip(new, tokens, strict=False):
                 self.memo[key] = token
-            while len(self.memo) > self.FRAME_MEMO:
-                del self.memo[next(iter(self.memo))]  # oldest first
-        return torch.stack([self.memo[key] for key in keys]).reshape(*x.shape[:2], -1)
+        out = torch.stack([self.memo[key] for key in keys]).reshape(*x.shape[:2], -1)
+        # least recently used first, after this call's tokens are taken: a frame of this very batch (a uniform
+        # off-track view, seen long ago) is never evicted before it is read
+        while len(self.memo) > self.FRAME_MEMO:
+            del self.memo[next(iter(self.memo))]
+        return out
 
 
 class NvidiaTokens(nn.Module):

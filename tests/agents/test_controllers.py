@@ -241,3 +241,21 @@ def test_sde_net_diffusion_learns_to_separate_perturbed_inputs():
     assert g_ood > g_in + 0.3
     assert mu_ood.var(0).mean() > mu.var(0).mean()  # larger diffusion -> larger epistemic spread
     assert F.mse_loss(model.predict(x, 16).mean, y) < F.mse_loss(y.mean(0).expand_as(y), y)
+
+
+def test_the_frame_memo_never_evicts_a_frame_of_the_batch_it_is_reading(monkeypatch):
+    """A frame seen long ago and seen again (a uniform off-track view) while the memo is full: the tokens are read
+    before anything is evicted, the memo keeps the frames used last, and every token equals the uncached one."""
+    from agents.encoders import EncoderConfig, FrameTokens
+
+    torch.manual_seed(0)
+    enc = FrameTokens(EncoderConfig(kind="frames", in_dim=1, n_tokens=4, d_model=8)).eval()
+    monkeypatch.setattr(FrameTokens, "FRAME_MEMO", 6)
+    frames = torch.randint(0, 255, (9, 84, 84), dtype=torch.uint8)
+    stacks = [frames[0:4], frames[2:6], frames[[0, 6, 7, 8]]]  # the memo is full (0-5) when frame 0 comes back
+    with torch.no_grad():
+        plain = [enc(s[None]) for s in stacks]
+        enc.remember_frames(True)
+        cached = [enc(s[None]) for s in stacks]  # the last stack re-reads frame 0, the oldest in a full memo
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, cached, strict=True))
+    assert len(enc.memo) == 6 and frames[0].numpy().tobytes() in enc.memo  # used last, so kept
