@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from datasets.files import atomic_write
+from datasets.root import portable
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
 from drive.options import NonNegativeInt, PositiveInt
@@ -323,7 +324,7 @@ def run(cfg: Config) -> int:
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
     results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios, "targets": TARGETS,
                "best_envs": best, "met": met,
-               "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+               "config": portable({k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}),
                "machine": machine}  # fmt: skip
     if cfg.out is not None:
         atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())

@@ -46,6 +46,7 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     assert results["ratios"]["renderer_over_envpool"] is None and results["met"]["renderer_over_envpool"] is None
     assert all(v is not None for k, v in results["ratios"].items() if k != "renderer_over_envpool")
     assert horizons == [0, 0, 0]  # the eval rows drive their episodes only: no uncounted calibration laps
+    assert not any(str(v).startswith("/") for v in results["config"].values())  # no path of this machine
 
 
 STAND_IN = """
