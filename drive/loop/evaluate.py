@@ -21,6 +21,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from datasets.root import portable
 from drive.devices import resolve
 from drive.errors import UserError
 from drive.loop.envs import make_env
@@ -140,7 +141,7 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
         except ValueError as exc:
             raise UserError(f"--perturb: {exc}") from None
     base = {"env": opts.env, "max_episode_steps": opts.max_episode_steps}
-    out: dict[str, Any] = {"policy": opts.policy, "env": opts.env, "seeds": seeds, **base}
+    out: dict[str, Any] = {"policy": portable(opts.policy), "env": opts.env, "seeds": seeds, **base}
     start = time.perf_counter()
     if kind != "ckpt":
         records = _episodes(opts, seeds, base, "eval", observers)

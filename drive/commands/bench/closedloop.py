@@ -9,14 +9,12 @@ CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so
 skipped with a note where it does not import), all three on the same pre-drawn random actions, in `--rounds` rounds
 that alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
 K = 1, 4, 16 cars per process (`--envs K`), and the best K again on 2 workers. Collect and eval rates count the whole
-run (worker start-up, policy building, shards written) over all its steps. The eval runs drive their episodes only
-(`failure_horizon=0`): with failure prediction on, `drive eval` also drives five nominal calibration laps whose steps
-the rate would not count (an earlier version of this benchmark charged them to the eval rows).
+run (worker start-up, policy building, shards written) over all its steps; eval without failure prediction, whose
+nominal calibration laps would cost CPU the rate does not count (`failure_horizon=0`).
 
 Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
-threads included): they are what a step costs, whatever else runs on the machine. Wall-clock rates are printed
-beside them and the 2-worker ratio is a wall one; on a shared machine those mostly measure the neighbours, so the
-1-minute load average is recorded. A benchmark, not a test: nothing here asserts a speed.
+threads included): what a step costs, whatever else runs. Wall-clock rates are printed beside them and the 2-worker
+ratio is a wall one (on a shared machine they measure the neighbours: the load average is recorded). A benchmark.
 """
 
 from __future__ import annotations

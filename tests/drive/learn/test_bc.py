@@ -162,6 +162,7 @@ def test_collect_train_eval_replay(demos, tmp_path):
                  "--fallback", "expert", "--calibrate-seeds", "200", "--samples", "8", "--no-progress"])  # fmt: skip
     assert code == 0
     results = json.loads(out.read_text())
+    assert '"/' not in out.read_text() and results["policy"].startswith("ckpt:../")  # no path of this machine
     for key in ("mean_return", "std_return", "min_return", "coverage90_steer", "coverage50_steer", "nll_expert",
                 "latency_ms_p50", "latency_ms_p95", "mean_return_no_fallback", "n_interventions"):  # fmt: skip
         assert key in results and np.isfinite(results[key]), key
