@@ -81,8 +81,13 @@ def run(cfg: Config) -> int:
         raise UserError(f"--reference {cfg.reference!r} is not a row ({', '.join(grid.rows)})")
     study = study_mod.Study(grid, cfg.eval_seeds, tuple(cfg.shifts), cfg.ood, cfg.ood_episodes, cfg.envs,
                             cfg.reference, cfg.max_episode_steps)  # fmt: skip
-    study_mod._families(study)  # a bad --ood fails here, not after the training
+    try:
+        study_mod._families(study)  # a bad --ood fails here, not after the training
+    except ValueError as exc:
+        raise UserError(f"--ood: {exc}") from None
     cells = offline.cells(grid)
+    if cfg.report_only and not any(offline.cell_state(c) == "done" for c in cells):
+        raise UserError(f"--report-only: no finished training run in {cfg.out} (run without it first)")
     print(f"{len(cells)} training runs ({sum(offline.cell_state(c) == 'done' for c in cells)} done), "
           f"{len(cells) * len(study.conditions)} closed-loop runs -> {cfg.out}")  # fmt: skip
     if not cfg.report_only:

@@ -77,6 +77,13 @@ def test_two_rows_two_seeds_are_trained_driven_scored_and_tabled(demos, tmp_path
 def test_bad_inputs_stop_in_one_line_before_any_work(tmp_path, capsys):
     assert main(["bench", "controllers", "--data", str(tmp_path), "--out", str(tmp_path / "b")]) == 2
     assert "not a dataset" in capsys.readouterr().err
+    demos_dir = tmp_path / "d"
+    demos_dir.mkdir()
+    (demos_dir / "manifest.json").write_text("{}")
+    base = ["bench", "controllers", "--data", str(demos_dir), "--out", str(tmp_path / "b")]
+    assert main([*base, "--ood", "hue:abc"]) == 2 and "--ood: " in capsys.readouterr().err
+    assert main([*base, "--report-only"]) == 2 and "no finished training run" in capsys.readouterr().err
+    assert not (tmp_path / "b" / "results.md").exists()
 
 
 def test_the_loss_ablation_rows_run_only_when_named(tmp_path):
