@@ -318,9 +318,17 @@ def require_episodes(root: Path, seeds: list[int], fp: Mapping[str, Any]) -> Non
     have = set(Demonstrations(root, include_flagged=True).seeds) if (root / "manifest.json").is_file() else set()
     missing = [s for s in seeds if s not in have]
     if missing:
-        listed = ",".join(str(s) for s in seeds)
         more = " ..." if len(missing) > 6 else ""
-        raise DemonstrationError(f"{root}: the checkpoint's episodes {missing[:6]}{more} are not "
-                        f"here; collection is deterministic per seed, so `drive collect --expert {fp.get('expert')} "
-                        f"--action-noise {fp.get('action_noise', 0.0):g} --frame-coding {fingerprint_coding(fp)} "
-                        f"--seeds {listed} --out DIR` regenerates them: then pass --data DIR")  # fmt: skip
+        dagger = set(fp.get("dagger_seeds") or ())
+        collected = ",".join(str(s) for s in seeds if s not in dagger)
+        how = (f"collection is deterministic per seed, so `drive collect --expert {fp.get('expert')} --action-noise "
+               f"{fp.get('action_noise', 0.0):g} --frame-coding {fingerprint_coding(fp)} --seeds {collected} "
+               "--out DIR` regenerates them") if collected else ""  # fmt: skip
+        if dagger & set(seeds):
+            rounds = (f"episodes {','.join(str(s) for s in seeds if s in dagger)} were recorded by a `drive dagger` "
+                      "round (a trained clone drove them), which only the commands that made the dataset regenerate "
+                      "(the shipped checkpoint's: README, Results)")  # fmt: skip
+            how = f"{how}; {rounds}" if how else rounds
+        raise DemonstrationError(
+            f"{root}: the checkpoint's episodes {missing[:6]}{more} are not here; {how}: then pass --data DIR"
+        )

@@ -25,9 +25,10 @@ frame coding and input representation, and the closed loop codes live frames wit
 
 Why best.pt follows the validation MSE here, not the NLL: the validation episodes are other tracks, and their NLL
 rises as soon as the model grows confident on the training tracks, while the mean action keeps improving. Measured
-on the shipped model's run (runs/i12/nsac_d2v8, 8 epochs): val NLL -0.64 at epoch 1, then 3.0-24.0; val MSE 0.0453
-at epoch 1 falling to 0.0294 at epoch 8. The NLL's choice, epoch 1, drives 754.5 ± 294.2 on seeds 1000-1019; the
-MSE's, epoch 8, 906.0 ± 21.2. The confidence is fixed after training instead (`drive calibrate`).
+on the shipped model's run (the command in checkpoints/carracing_nsac.md): val NLL best at epoch 5 (-1.90), then
+-1.54 to -1.63, while the val MSE keeps falling, 0.0433 at epoch 1 to 0.0280 at epoch 8; the same run with
+`ood_fit=1` (`--out runs/ref/ship`): val NLL -1.22 at epoch 2, then 0.16-3.48, val MSE 0.0420 -> 0.0274 (epoch 7).
+The confidence is fixed after training instead (`drive calibrate`).
 """
 
 from __future__ import annotations
@@ -206,6 +207,8 @@ def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], opts: Optio
         "expert": str(data.settings.get("expert")),
         "action_noise": float(data.settings.get("action_noise", 0.0) or 0.0),
         "n_episodes": len(data),
+        # episodes a `drive dagger` round recorded (its clone drove them): `drive collect` cannot regenerate those
+        "dagger_seeds": sorted(int(e["seed"]) for e in data.manifest["episodes"] if e.get("dagger")),
         "stride": opts.stride,
         "frame_coding": opts.frame_coding,
         "input": opts.input,

@@ -220,6 +220,14 @@ def test_dagger_aggregates_expert_labelled_clone_episodes(demos, tmp_path):
     np.testing.assert_allclose(new.label, labels, atol=1e-6)  # the expert labels every visited state
     executed_expert = np.all(np.isclose(new.action, np.clip(new.label, [-1, 0, 0], [1, 1, 1])), axis=1)
     assert 0.2 < executed_expert.mean() < 0.8  # beta = 0.5: the clone drives about half the steps
+    from datasets.demonstrations import require_episodes
+    from drive.learn.tasks.demos import Options as DemosOptions
+    from drive.learn.tasks.demos import _fingerprint
+
+    fp = _fingerprint(data, {"test": [3, 50]}, DemosOptions())
+    assert fp["dagger_seeds"] == [50, 51]  # a regeneration by `drive collect` is named for seed 3 alone
+    with pytest.raises(DemonstrationError, match=r"--seeds 3 --out DIR` regenerates them; episodes 50 were .*dagger"):
+        require_episodes(tmp_path / "elsewhere", [3, 50], fp)
     manifest = (out / "manifest.json").read_bytes()
     assert aggregate(run) == [] and (out / "manifest.json").read_bytes() == manifest  # rerun: complete, kept
     with pytest.raises(ValueError, match="holds another dataset.*beta"):
