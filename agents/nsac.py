@@ -44,9 +44,10 @@ Measured on the spiral with real extrapolation, today's code and defaults (`driv
 nsac --seed 0 --epochs 30 --threads 1 --set task.train_region=interpolation` plus `reg_weight=0`, `reg_form=paper
 reg_pairs=false` or nothing for the default anchored per-pair form; docs/closed_loop.md has the three commands and
 `docs/figures/spiral_fig3.py` draws them): the root of the mean epistemic variance on the trained steps / on the
-extrapolated ones (metrics.json `interpolation` / `extrapolation`), against an aleatoric std of 0.05 on both: no
-L_reg 5.0e-4 / 1.6e-3; the paper's ratio 1.3e-4 / 7.0e-3 (it pushes the in-distribution variance down, 4x below no
-L_reg); anchored 2.1e-3 / 9.3e-2, the only one whose extrapolation variance exceeds the aleatoric scale. One seed: a comparison to be read as an illustration.
+extrapolated ones (metrics.json `interpolation` / `extrapolation`), against an aleatoric std of 0.05 on both: no L_reg
+5.0e-4 / 1.6e-3; the paper's ratio 1.3e-4 / 7.0e-3 (it pushes the in-distribution variance down, 4x below no L_reg);
+anchored 2.1e-3 / 9.3e-2, the only one whose extrapolation variance exceeds the aleatoric scale. One seed: a
+comparison to be read as an illustration.
 On CarRacing, all eight combinations and no regulariser, three seeds each at one budget (docs/nsac_ablation.md, its
 command there): only the default (anchored, per pair, input) lifts the epistemic AUROC over held-out camera shifts
 above the no-regulariser level (0.73 against 0.58; every other combination 0.49-0.60), and it is also the one whose

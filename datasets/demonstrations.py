@@ -14,7 +14,7 @@ Layout of a dataset directory:
                max_episode_steps, keep_raw, min_return (flag threshold), fast_render
     episodes   one record per finished episode, sorted by seed: seed, file (relative path), return, completion
                (fraction of track tiles visited), steps, tiles, n_tiles, off_track_events, lap_finished,
-               flagged (return < min_return), sha256 and bytes of the shard
+               flagged (return < min_return), sha256 and bytes of the shard; dagger, labels (`drive dagger`'s)
 
 An episode shard of T steps with frame stack k holds (t = 0..T-1 is the step index):
 
@@ -317,18 +317,14 @@ def require_episodes(root: Path, seeds: list[int], fp: Mapping[str, Any]) -> Non
     """A one-line error, with the command that regenerates them, when `root` lacks any of the episodes `seeds`."""
     have = set(Demonstrations(root, include_flagged=True).seeds) if (root / "manifest.json").is_file() else set()
     missing = [s for s in seeds if s not in have]
-    if missing:
-        more = " ..." if len(missing) > 6 else ""
-        dagger = set(fp.get("dagger_seeds") or ())
-        collected = ",".join(str(s) for s in seeds if s not in dagger)
-        how = (f"collection is deterministic per seed, so `drive collect --expert {fp.get('expert')} --action-noise "
-               f"{fp.get('action_noise', 0.0):g} --frame-coding {fingerprint_coding(fp)} --seeds {collected} "
-               "--out DIR` regenerates them") if collected else ""  # fmt: skip
-        if dagger & set(seeds):
-            rounds = (f"episodes {','.join(str(s) for s in seeds if s in dagger)} were recorded by a `drive dagger` "
-                      "round (a trained clone drove them), which only the commands that made the dataset regenerate "
-                      "(the shipped checkpoint's: README, Results)")  # fmt: skip
-            how = f"{how}; {rounds}" if how else rounds
-        raise DemonstrationError(
-            f"{root}: the checkpoint's episodes {missing[:6]}{more} are not here; {how}: then pass --data DIR"
-        )
+    if not missing:
+        return
+    dagger = set(fp.get("dagger_seeds") or ())
+    collected, driven = [",".join(str(s) for s in seeds if (s in dagger) == d) for d in (False, True)]
+    how = (collected and f"collection is deterministic per seed, so `drive collect --expert {fp.get('expert')} "
+           f"--action-noise {fp.get('action_noise', 0.0):g} --frame-coding {fingerprint_coding(fp)} --seeds "
+           f"{collected} --out DIR` regenerates them",
+           driven and f"episodes {driven} were recorded by a `drive dagger` round (a trained clone drove them), which "
+           "only the commands that made the dataset regenerate (for the shipped checkpoint: README)")  # fmt: skip
+    raise DemonstrationError(f"{root}: the checkpoint's episodes {missing[:6]}{' ...' * (len(missing) > 6)} are not "
+                             f"here; {'; '.join(h for h in how if h)}: then pass --data DIR")  # fmt: skip
