@@ -187,13 +187,16 @@ def misbehaviour_windows(ep: Episode, ttm: int, cfg: ProtocolConfig) -> tuple[np
 
 # -- thresholds and figures --------------------------------------------------------------------------------------------
 def gamma_threshold(values: np.ndarray, levels: Sequence[float]) -> np.ndarray:
-    """(L,) ppf at each level of a Gamma(shape, loc=0, scale) fitted by maximum likelihood to the non-zero values."""
+    """(L,) ppf at each level of a Gamma(shape, loc=0, scale) fitted by maximum likelihood to the non-zero values.
+    Fewer than two distinct non-zero values (a monitor without that signal: GMLE's epistemic variance is 0) fit no
+    Gamma: the threshold is then the least value above every nominal score, so it fires on nothing seen nominally."""
     v = np.asarray(values, np.float64)
     if (v < 0).any():
         raise ValueError("a Gamma threshold needs non-negative scores (the field fits reconstruction errors)")
     v = v[v != 0]
     if len(v) < 2 or np.ptp(v) == 0:
-        raise ValueError(f"a Gamma fit needs at least two distinct non-zero values, got {len(v)}")
+        top = float(np.max(values)) if len(values) else 0.0
+        return np.full(len(levels), np.nextafter(top, np.inf))
     shape, loc, scale = stats.gamma.fit(v, floc=0)
     return np.asarray(stats.gamma.ppf(np.asarray(levels), shape, loc=loc, scale=scale))
 

@@ -125,6 +125,10 @@ def test_gamma_threshold_recovers_the_true_ppf():
     assert fit_threshold(errors, [0.5], "quantile")[0] in errors
     with pytest.raises(ValueError, match="non-negative"):
         gamma_threshold(np.r_[errors, -1.0], [0.99])
+    # no signal (a controller without an epistemic term: every nominal score 0): no Gamma, a threshold above them all
+    flat = gamma_threshold(np.zeros(50), [0.95, 0.99])
+    assert (flat > 0).all() and (flat < 1e-300).all()
+    assert gamma_threshold(np.full(9, 0.25), [0.99])[0] == np.nextafter(0.25, 1)
 
 
 def test_bootstrap_constant_statistic_has_zero_width():
