@@ -40,7 +40,7 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
             lines.append(f"| {Path(controller).name} | {monitor} | {table['misbehaviours']} | {_ci(row, 'recall')} | "
                          f"{_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
                          f"{_ci(row, 'median_lead_s', '.1f')} |")  # fmt: skip
-    return lines
+    return lines if len(lines) > 2 else ["No misbehaviour in these families for any controller: nothing to predict."]
 
 
 def prevention_table(results: dict[str, Any]) -> list[str]:

@@ -86,3 +86,12 @@ def test_every_default_condition_parses():
     from drive.loop.shifts import parse_shift
 
     assert [str(parse_shift(spec)) for spec in DEFAULT_SHIFTS]
+
+
+def test_a_group_without_a_misbehaviour_says_so_instead_of_an_empty_table():
+    from drive.studies.misbehaviour_text import prediction_table
+
+    results = {"plan": {"level": 0.999, "ttm": 2}, "controllers": {"a.pt": {"prediction": {"groups": {}}}}}
+    assert prediction_table(results, "surrogate") == [
+        "No misbehaviour in these families for any controller: nothing to predict."
+    ]
