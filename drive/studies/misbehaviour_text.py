@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,24 @@ def _ci(v: dict[str, float], key: str | None = None, fmt: str = ".2f") -> str:
     return f"{value:{fmt}}{interval}"
 
 
+GENERIC = re.compile(r"(best|last)\.pt|seed\d+")  # names that say nothing about which controller it is
+
+
+def labels(controllers: Sequence[str]) -> dict[str, str]:
+    """{path: the shortest trailing part of it that tells the controllers apart and is more than a generic name}:
+    runs/b/gmle/seed0/best.pt -> gmle/seed0/best.pt, checkpoints/carracing_nsac.pt -> carracing_nsac.pt."""
+    parts = {c: Path(c).parts for c in controllers}
+    n = {c: 1 for c in controllers}
+    while True:
+        out = {c: "/".join(p[-n[c] :]) for c, p in parts.items()}
+        grow = [c for c in controllers if n[c] < len(parts[c]) and (GENERIC.fullmatch(parts[c][-n[c]])
+                or list(out.values()).count(out[c]) > 1)]  # fmt: skip
+        if not grow:
+            return out
+        for c in grow:
+            n[c] += 1
+
+
 def _pick(rows: list[dict[str, Any]], level: float, ttm: int) -> dict[str, Any] | None:
     return next((r for r in rows if abs(r["level"] - level) < 1e-12 and r["ttm"] == ttm), None)
 
@@ -29,6 +49,7 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
     plan = results["plan"]
     lines = ["| controller | monitor | misbehaviours | recall | FPR | F3 | AUROC | median lead (s) |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    name = labels(list(results["controllers"]))
     for controller, entry in results["controllers"].items():
         table = entry.get("prediction", {}).get("groups", {}).get(group)
         if not table:
@@ -37,7 +58,7 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
             row = _pick(rows, plan["level"], plan["ttm"])
             if row is None:
                 continue
-            lines.append(f"| {Path(controller).name} | {monitor} | {table['misbehaviours']} | {_ci(row, 'recall')} | "
+            lines.append(f"| {name[controller]} | {monitor} | {table['misbehaviours']} | {_ci(row, 'recall')} | "
                          f"{_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
                          f"{_ci(row, 'median_lead_s', '.1f')} |")  # fmt: skip
     return lines if len(lines) > 2 else ["No misbehaviour in these families for any controller: nothing to predict."]
@@ -49,12 +70,13 @@ def prevention_table(results: dict[str, Any]) -> list[str]:
         "interventions / km | steps handed over (benign episodes) |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    name = labels(list(results["controllers"]))
     for controller, entry in results["controllers"].items():
         fb = entry.get("fallback")
         if not fb:
             continue
         for condition, p in fb["conditions"].items():
-            lines.append(f"| {Path(controller).name} | {condition} | {p['misbehaviours_without']} → "
+            lines.append(f"| {name[controller]} | {condition} | {p['misbehaviours_without']} → "
                          f"{p['misbehaviours_with']} | {_ci(p['prevented'])} | {_ci(p['return_without'], fmt='.0f')} "
                          f"| {_ci(p['return_with'], fmt='.0f')} | {_ci(p['interventions_per_km'])} | "
                          f"{_ci(p['handed_over_benign'], fmt='.3f')} ({p['benign_episodes']}) |")  # fmt: skip
@@ -98,13 +120,13 @@ def plot_f3(results: dict[str, Any], path: Path) -> Path | None:
 
     plan = results["plan"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    drawn = False
+    drawn, name = False, labels(list(results["controllers"]))
     for controller, entry in results["controllers"].items():
         table = entry.get("prediction", {}).get("groups", {}).get("held_out")
         for monitor, rows in (table or {}).get("monitors", {}).items():
             picked = [_pick(rows, plan["level"], t) for t in plan["ttms"]]
             f3 = [r["value"]["f3"] if r else math.nan for r in picked]
-            ax.plot(plan["ttms"], f3, marker="o", label=f"{Path(controller).name}: {monitor}")
+            ax.plot(plan["ttms"], f3, marker="o", label=f"{name[controller]}: {monitor}")
             drawn = True
     if not drawn:
         plt.close(fig)

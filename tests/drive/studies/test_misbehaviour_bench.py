@@ -95,3 +95,12 @@ def test_a_group_without_a_misbehaviour_says_so_instead_of_an_empty_table():
     assert prediction_table(results, "surrogate") == [
         "No misbehaviour in these families for any controller: nothing to predict."
     ]
+
+
+def test_controllers_are_labelled_by_the_shortest_telling_part_of_their_path():
+    from drive.studies.misbehaviour_text import labels
+
+    paths = ["checkpoints/carracing_nsac.pt", "runs/b/de/seed0/best.pt", "runs/b/gmle/seed0/best.pt"]
+    assert list(labels(paths).values()) == ["carracing_nsac.pt", "de/seed0/best.pt", "gmle/seed0/best.pt"]
+    assert labels(["a/x.pt", "b/x.pt"]) == {"a/x.pt": "a/x.pt", "b/x.pt": "b/x.pt"}
+    assert labels(["best.pt"]) == {"best.pt": "best.pt"}  # nothing more to show
