@@ -51,9 +51,14 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     name = labels(list(results["controllers"]))
     for controller, entry in results["controllers"].items():
-        table = entry.get("prediction", {}).get("groups", {}).get(group)
+        pred = entry.get("prediction", {})
+        table = pred.get("groups", {}).get(group)
         if not table:
             continue
+        if table["misbehaviours"] and not pred.get("nominal_episodes"):  # nothing nominal to fit a threshold on
+            bad = pred.get("nominal_misbehaving")
+            lines.append(f"| {name[controller]} | none: every nominal run misbehaved ({bad}) | "
+                         f"{table['misbehaviours']} | – | – | – | – | – |")  # fmt: skip
         for monitor, rows in table["monitors"].items():
             row = _pick(rows, plan["level"], plan["ttm"])
             if row is None:

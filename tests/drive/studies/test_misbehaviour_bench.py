@@ -95,6 +95,10 @@ def test_a_group_without_a_misbehaviour_says_so_instead_of_an_empty_table():
     assert prediction_table(results, "surrogate") == [
         "No misbehaviour in these families for any controller: nothing to predict."
     ]
+    results["controllers"]["a.pt"]["prediction"] = {  # a controller that cannot drive: no nominal window
+        "nominal_episodes": 0, "nominal_misbehaving": 20, "groups": {"held_out": {"misbehaviours": 9, "monitors": {}}}
+    }  # fmt: skip
+    assert "every nominal run misbehaved (20) | 9 |" in prediction_table(results, "held_out")[2]
 
 
 def test_controllers_are_labelled_by_the_shortest_telling_part_of_their_path():
