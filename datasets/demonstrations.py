@@ -45,7 +45,7 @@ import io
 import json
 import os
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ import numpy as np
 
 from datasets.errors import DataError
 from datasets.files import atomic_write
-from datasets.frames import LEGACY_CODING, fingerprint_coding
+from datasets.frames import LEGACY_CODING
 
 FORMAT = "drive-demonstrations"
 FORMAT_VERSION = 1
@@ -305,26 +305,3 @@ class Demonstrations:
             "state": np.concatenate([e.state for e in episodes]),
             "seed": np.concatenate([np.full(len(e), e.seed) for e in episodes]),
         }
-
-
-def relocate(fp: Mapping[str, Any], data: Path | None) -> Mapping[str, Any]:
-    """The fingerprint with its demonstrations read from `data` (a copy, or a regeneration by `drive collect`: one
-    episode per seed, bit for bit) instead of the folder it names; None leaves it."""
-    return fp if data is None else {**fp, "path": str(data), "test_data": None}
-
-
-def require_episodes(root: Path, seeds: list[int], fp: Mapping[str, Any]) -> None:
-    """A one-line error, with the command that regenerates them, when `root` lacks any of the episodes `seeds`."""
-    have = set(Demonstrations(root, include_flagged=True).seeds) if (root / "manifest.json").is_file() else set()
-    missing = [s for s in seeds if s not in have]
-    if not missing:
-        return
-    dagger = set(fp.get("dagger_seeds") or ())
-    collected, driven = [",".join(str(s) for s in seeds if (s in dagger) == d) for d in (False, True)]
-    how = (collected and f"collection is deterministic per seed, so `drive collect --expert {fp.get('expert')} "
-           f"--action-noise {fp.get('action_noise', 0.0):g} --frame-coding {fingerprint_coding(fp)} --seeds "
-           f"{collected} --out DIR` regenerates them",
-           driven and f"episodes {driven} were recorded by a `drive dagger` round (a trained clone drove them), which "
-           "only the commands that made the dataset regenerate (for the shipped checkpoint: README)")  # fmt: skip
-    raise DemonstrationError(f"{root}: the checkpoint's episodes {missing[:6]}{' ...' * (len(missing) > 6)} are not "
-                             f"here; {'; '.join(h for h in how if h)}: then pass --data DIR")  # fmt: skip

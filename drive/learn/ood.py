@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from datasets.demonstrations import Demonstrations, Episode, require_episodes
+from datasets.demonstrations import Demonstrations, Episode
 from datasets.frames import ObservationCoder
+from datasets.regenerate import require_episodes
 from drive import metrics
 from drive.errors import UserError
 

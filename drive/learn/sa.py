@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from agents.base import Prediction
 from agents.layers.stochastic_attention import stochastic_attention
 from agents.sa import calibrate_nu
-from datasets.demonstrations import relocate
+from datasets.regenerate import relocate
 from drive import metrics
 from drive.checkpoint import load_controller
 from drive.errors import UserError

@@ -69,8 +69,8 @@ def _inputs(cfg: OODOptions, perturbations, coders: dict[tuple, ObservationCoder
     """{coder key: {'clean' | str(p): (N, k, 84, 84)}} over the test episodes of the first checkpoint's data."""
     import torch
 
-    from datasets.demonstrations import relocate
     from datasets.perturb import WORLD_KINDS, FramePerturber
+    from datasets.regenerate import relocate
     from drive import checkpoint
     from drive.learn.ood import code_stacks, test_episodes
     from drive.loop.perturb import replay_frames

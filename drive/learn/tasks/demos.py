@@ -45,8 +45,9 @@ import torch
 
 from agents.checks import at_least, in_range
 from agents.encoders import EncoderConfig
-from datasets.demonstrations import Demonstrations, require_episodes
+from datasets.demonstrations import Demonstrations
 from datasets.frames import code_frames, fingerprint_coding, input_transform
+from datasets.regenerate import require_episodes
 from drive import metrics
 from drive.errors import UserError
 from drive.learn.tasks import TaskData

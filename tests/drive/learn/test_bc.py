@@ -220,7 +220,7 @@ def test_dagger_aggregates_expert_labelled_clone_episodes(demos, tmp_path):
     np.testing.assert_allclose(new.label, labels, atol=1e-6)  # the expert labels every visited state
     executed_expert = np.all(np.isclose(new.action, np.clip(new.label, [-1, 0, 0], [1, 1, 1])), axis=1)
     assert 0.2 < executed_expert.mean() < 0.8  # beta = 0.5: the clone drives about half the steps
-    from datasets.demonstrations import require_episodes
+    from datasets.regenerate import require_episodes
     from drive.learn.tasks.demos import Options as DemosOptions
     from drive.learn.tasks.demos import _fingerprint
 
