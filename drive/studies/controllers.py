@@ -12,19 +12,16 @@ with the same arguments keeps what finished, and two processes running the same 
 3. OOD detection: per training seed, `drive ood` over every row's best.pt (they share seed s's test episodes): the
    AUROC of each uncertainty separating clean frames from each --ood family, OUT/ood/seed<s>.json.
 
-`aggregate` turns the files into per-row statistics: the mean over seeds, the half-width of a 95 % Student-t interval
-(t_{0.975, n-1} s / sqrt(n)) and, against the reference row, Welch's two-sided t-test; a difference with p < 0.05 is
-marked significant. With 3 seeds a t-interval is wide (t_{0.975, 2} = 4.30): a difference it does not mark is not
-shown to be real, whatever the means say. Held-out families (no method trains on them) are averaged into the OOD
-headline; NSAC's surrogate families (`noise`, `brightness`: its regulariser trains on them) are reported apart.
+`aggregate` turns the files into per-row statistics (drive/studies/over_seeds.py): the mean over seeds, the
+half-width of a 95 % Student-t interval and, against the reference row, Welch's two-sided t-test; a difference with
+p < 0.05 is marked significant; one it does not mark is not shown to be real, whatever the means say. Held-out
+families (no method trains on them) are averaged into the OOD headline; NSAC's surrogate families (`noise`,
+`brightness`: its regulariser trains on them) are reported apart.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +31,7 @@ import numpy as np
 from datasets.files import atomic_write
 from drive.learn import offline
 from drive.loop.shifts import parse_shift
+from drive.studies.over_seeds import interval, welch
 
 CLEAN = "clean"
 OFFLINE_METRICS = ("mse", "nll", "crps", "ece", "coverage_90")
@@ -153,32 +151,6 @@ def ood_cells(study: Study) -> int:
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
-def interval(values: Sequence[float]) -> dict[str, Any]:
-    """Mean, 95 % Student-t half-width (None for one value), sd and n of the finite values."""
-    from scipy import stats
-
-    arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], np.float64)
-    if arr.size == 0:
-        return {"mean": None, "half_width": None, "sd": None, "n": 0, "values": []}
-    sd = float(arr.std(ddof=1)) if arr.size > 1 else None
-    half = float(stats.t.ppf(0.975, arr.size - 1) * sd / math.sqrt(arr.size)) if sd is not None else None
-    return {"mean": float(arr.mean()), "half_width": half, "sd": sd, "n": int(arr.size), "values": arr.tolist()}
-
-
-def welch(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Two-sided p of Welch's t-test; None when either side has fewer than 2 values or both are constant."""
-    from scipy import stats
-
-    x = np.asarray([v for v in a if v is not None and math.isfinite(v)], np.float64)
-    y = np.asarray([v for v in b if v is not None and math.isfinite(v)], np.float64)
-    if x.size < 2 or y.size < 2 or (x.std() == 0 and y.std() == 0):
-        return None
-    with warnings.catch_warnings():  # nearly equal samples (laps 1, 1, 1 against 1, 1, 0.9): scipy warns, p stands
-        warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
-    return p if math.isfinite(p) else None
-
-
 def _read(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 

@@ -9,23 +9,7 @@ from typing import Any
 
 from datasets.files import atomic_write
 from drive.studies.controllers import CLEAN, LOOP_METRICS, OFFLINE_METRICS, SHIFT_METRICS
-
-
-def _fixed(value: float, scale: float) -> str:
-    """value with the decimals the magnitude of `scale` (the cell's mean) calls for: 913, 0.734, 0.0326, 3.5e-05."""
-    a = abs(scale)
-    for bound, decimals in ((100, 0), (10, 1), (1, 2), (0.1, 3), (0.001, 4)):
-        if a >= bound:
-            return f"{value:.{decimals}f}"
-    return f"{value:.2g}" if a else f"{value:.3f}"
-
-
-def _cell(entry: dict[str, Any] | None) -> str:
-    if entry is None or entry["mean"] is None:
-        return "–"
-    mean, half = entry["mean"], entry["half_width"]
-    text = _fixed(mean, mean) + (f" ± {_fixed(half, mean)}" if half is not None else "")
-    return text + (" *" if entry.get("significant") else "")
+from drive.studies.over_seeds import cell_text
 
 
 def _table(results: dict[str, Any], metrics: list[tuple[str, str]]) -> list[str]:
@@ -33,7 +17,7 @@ def _table(results: dict[str, Any], metrics: list[tuple[str, str]]) -> list[str]
              "|---|---|" + "---|" * len(metrics)]  # fmt: skip
     for row, values in results["rows"].items():
         n = max((values[key]["n"] for key, _ in metrics if key in values), default=0)
-        lines.append(f"| {row} | {n} | " + " | ".join(_cell(values.get(key)) for key, _ in metrics) + " |")
+        lines.append(f"| {row} | {n} | " + " | ".join(cell_text(values.get(key)) for key, _ in metrics) + " |")
     return lines
 
 

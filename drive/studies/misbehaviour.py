@@ -205,6 +205,7 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
                                                                                        plan.seed)  # fmt: skip
         results["controllers"][controller] = entry
     results["cells_wall_s"] = seconds
+    results["over_seeds"] = report.over_seeds(results)
     return results
 
 

@@ -13,11 +13,19 @@ fallback and the share prevented, mean return without and with it, and the false
 and the share of steps handed over, on nominal runs and on benign shifts (episodes of shifted conditions in which the
 ungated controller drove without a misbehaviour). Distance: visited tiles x CarRacing's TRACK_DETAIL_STEP (3.5 m).
 Every figure carries a 95 % bootstrap interval over episodes.
+
+Over training seeds (`over_seeds`): checkpoints whose paths differ only in a `seed<N>` part are one controller trained
+on several seeds. Per such group and monitor, the headline figures (held-out families, the plan's level and TTM) and
+the prevention figures (held-out conditions pooled) of each seed become a mean with a 95 % Student-t interval over the
+seeds (drive/studies/over_seeds.py), and Welch's test against the first group's same monitor marks the differences
+shown to be real (p < 0.05). The bootstrap intervals above are over episodes of one trained model; these are over
+the training seeds, the variation a user retraining the controller meets.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -26,6 +34,7 @@ import numpy as np
 
 from drive.loop.failures import SIGNALS
 from drive.studies import protocol
+from drive.studies.over_seeds import interval, welch
 
 NOMINAL = "nominal"  # the clean-camera condition of every controller
 TILE_M = 21 / 6.0  # gymnasium car_racing.py TRACK_DETAIL_STEP: one road tile, in metres
@@ -152,3 +161,63 @@ def protocol_settings(cfg: protocol.ProtocolConfig) -> dict[str, Any]:
     return {**asdict(cfg), "window_steps": cfg.fps,
             "windows": "TTM s: frames [onset - TTM*fps, onset - (TTM-1)*fps); nominal: consecutive fps-frame windows "
                        "of the trailing-mean score; a window's score is its max"}  # fmt: skip
+
+
+SEED_PART = re.compile(r"(?<![^/])seed\d+(?![^/])")  # a whole path part: runs/de/seed2/best.pt
+PREDICTION_METRICS = ("recall", "fpr", "f3", "auroc")
+
+
+def seed_groups(controllers: Sequence[str]) -> dict[str, list[str]]:
+    """{the path with its seed part as `seed*`: the checkpoints} for the paths that differ only in that part."""
+    out: dict[str, list[str]] = {}
+    for c in controllers:
+        out.setdefault(SEED_PART.sub("seed*", c), []).append(c)
+    return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def _pooled_prevention(fallback: Mapping[str, Any], conditions: Sequence[str]) -> dict[str, float]:
+    rows = [fallback["conditions"][c] for c in conditions if c in fallback["conditions"]]
+    before, after = sum(r["misbehaviours_without"] for r in rows), sum(r["misbehaviours_with"] for r in rows)
+    benign = sum(r["benign_episodes"] for r in rows)
+    handed = sum(r["handed_over_benign"]["value"] * r["benign_episodes"] for r in rows if r["benign_episodes"])
+    nominal = fallback["conditions"].get(NOMINAL, {})
+    return {
+        "prevented": 1 - after / before if before else math.nan,
+        "handed_over_benign": handed / benign if benign else math.nan,
+        "handed_over_nominal": nominal.get("handed_over_benign", {}).get("value", math.nan),
+        "interventions_per_km_nominal": nominal.get("interventions_per_km", {}).get("value", math.nan),
+    }
+
+
+def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
+    """{group: {"checkpoints", "misbehaviours" (per seed), "monitors": {monitor: {metric: interval}}, "prevention":
+    {metric: interval}}} for every group of `seed_groups` (see the module docstring)."""
+    plan, entries = results["plan"], results["controllers"]
+    out: dict[str, Any] = {}
+    for group, members in seed_groups(list(entries)).items():
+        values: dict[str, dict[str, list[float]]] = {}
+        prevention: dict[str, list[float]] = {}
+        misbehaviours = []
+        for c in members:
+            table = entries[c].get("prediction", {}).get("groups", {}).get("held_out", {})
+            misbehaviours.append(table.get("misbehaviours", 0))
+            for monitor, rows in table.get("monitors", {}).items():
+                row = next((r for r in rows if abs(r["level"] - plan["level"]) < 1e-12 and r["ttm"] == plan["ttm"]),
+                           None)  # fmt: skip
+                for metric in PREDICTION_METRICS if row else ():
+                    values.setdefault(monitor, {}).setdefault(metric, []).append(row["value"][metric])
+            if entries[c].get("fallback"):
+                for metric, v in _pooled_prevention(entries[c]["fallback"], table.get("conditions", [])).items():
+                    prevention.setdefault(metric, []).append(v)
+        out[group] = {"checkpoints": members, "misbehaviours": misbehaviours,
+                      "monitors": {m: {k: interval(v) for k, v in by.items()} for m, by in values.items()},
+                      "prevention": {k: interval(v) for k, v in prevention.items()}}  # fmt: skip
+    if out:
+        reference = next(iter(out.values()))["monitors"]
+        for entry in list(out.values())[1:]:
+            for monitor, by in entry["monitors"].items():
+                for metric, stat in by.items():
+                    ref = reference.get(monitor, {}).get(metric)
+                    p = welch(stat["values"], ref["values"]) if ref else None
+                    stat.update(p=p, significant=p is not None and p < 0.05)
+    return out

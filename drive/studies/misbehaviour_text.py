@@ -12,6 +12,7 @@ from typing import Any
 
 from datasets.files import atomic_write
 from datasets.root import portable
+from drive.studies.over_seeds import cell_text
 
 
 def _ci(v: dict[str, float], key: str | None = None, fmt: str = ".2f") -> str:
@@ -23,7 +24,7 @@ def _ci(v: dict[str, float], key: str | None = None, fmt: str = ".2f") -> str:
     return f"{value:{fmt}}{interval}"
 
 
-GENERIC = re.compile(r"(best|last)\.pt|seed\d+")  # names that say nothing about which controller it is
+GENERIC = re.compile(r"(best|last)\.pt|seed(\d+|\*)")  # names that say nothing about which controller it is
 
 
 def labels(controllers: Sequence[str]) -> dict[str, str]:
@@ -88,6 +89,33 @@ def prevention_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def seeds_table(results: dict[str, Any]) -> list[str]:
+    """Prediction (held-out families, the plan's level and TTM) and prevention as mean ± 95 % t-interval over the
+    training seeds of each controller trained on several (drive/studies/misbehaviour_report.py `over_seeds`)."""
+    groups = results.get("over_seeds", {})
+    if not groups:
+        return []
+    name = labels(list(groups))
+    lines = ["| controller | seeds | misbehaviours per seed | monitor | recall | FPR | F3 | AUROC |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for group, entry in groups.items():
+        counts = ", ".join(str(n) for n in entry["misbehaviours"])
+        for monitor, by in entry["monitors"].items():
+            figures = " | ".join(cell_text(by.get(k)) for k in ("recall", "fpr", "f3", "auroc"))
+            lines.append(f"| {name[group]} | {len(entry['checkpoints'])} | {counts} | {monitor} | {figures} |")
+        if not entry["monitors"]:
+            lines.append(f"| {name[group]} | {len(entry['checkpoints'])} | {counts} | none scored (no nominal run "
+                         "without a misbehaviour, or no misbehaviour) | – | – | – | – |")  # fmt: skip
+    prevention = {g: e["prevention"] for g, e in groups.items() if e["prevention"]}
+    if prevention:
+        lines += ["", "| controller | prevented (held-out, pooled) | steps handed over, benign shifted episodes | "
+                  "steps handed over, nominal | interventions / km, nominal |", "|---|---|---|---|---|"]  # fmt: skip
+        for group, by in prevention.items():
+            keys = ("prevented", "handed_over_benign", "handed_over_nominal", "interventions_per_km_nominal")
+            lines.append(f"| {name[group]} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
+    return lines
+
+
 def headline(results: dict[str, Any]) -> str:
     plan = results["plan"]
     head = (
@@ -105,6 +133,9 @@ def markdown(results: dict[str, Any]) -> str:
              f"{len(plan['seeds'])} seeds per shifted condition; levels {plan['levels']}, TTM {plan['ttms']} s; "
              f"{plan['n_boot']} bootstrap replicates. Windows: {results['protocol']['windows']}.", "",
              "## Prediction on held-out families (the headline)", "", headline(results), "",
+             *(["## Over training seeds (held-out families; mean ± 95 % t-interval over seeds, * Welch p < 0.05 "
+                f"against {labels(list(results['over_seeds']))[next(iter(results['over_seeds']))]}, same monitor)",
+                "", *seeds_table(results), ""] if results.get("over_seeds") else []),
              "## Prediction on NSAC's surrogate families (noise, brightness: trained on, reported apart)", "",
              *prediction_table(results, "surrogate"), "", "## Prevention and its false-alarm cost", "",
              f"The fallback ({plan['fallback']}) engages when the controller's epistemic steering variance exceeds "

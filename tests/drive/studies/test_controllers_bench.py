@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from drive.cli import main
-from drive.studies.controllers import interval, welch
+from drive.studies.over_seeds import interval, welch
 
 
 def test_interval_is_the_student_t_half_width_and_welch_matches_scipy():

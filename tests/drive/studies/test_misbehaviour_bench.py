@@ -4,6 +4,7 @@ and the prevention table written, and a benchmark killed half-way resumes to exa
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -108,3 +109,43 @@ def test_controllers_are_labelled_by_the_shortest_telling_part_of_their_path():
     assert list(labels(paths).values()) == ["carracing_nsac.pt", "de/seed0/best.pt", "gmle/seed0/best.pt"]
     assert labels(["a/x.pt", "b/x.pt"]) == {"a/x.pt": "a/x.pt", "b/x.pt": "b/x.pt"}
     assert labels(["best.pt"]) == {"best.pt": "best.pt"}  # nothing more to show
+
+
+def _controller(f3: float, prevented_with: int) -> dict:
+    row = {"level": 0.999, "ttm": 2, "value": {"recall": f3, "fpr": 0.01, "f3": f3, "auroc": 0.9}}
+    fallback = {"conditions": {
+        "nominal": {"misbehaviours_without": 0, "misbehaviours_with": 0, "benign_episodes": 4,
+                    "handed_over_benign": {"value": 0.02}, "interventions_per_km": {"value": 0.5}},
+        "blur:4": {"misbehaviours_without": 10, "misbehaviours_with": prevented_with, "benign_episodes": 0,
+                   "handed_over_benign": {"value": math.nan}, "interventions_per_km": {"value": 3.0}},
+    }}  # fmt: skip
+    return {"prediction": {"groups": {"held_out": {"conditions": ["blur:4"], "misbehaviours": 10,
+                                                   "monitors": {"epistemic_steer": [row]}}}},
+            "fallback": fallback}  # fmt: skip
+
+
+def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences_are_tested():
+    from drive.studies.misbehaviour_report import over_seeds, seed_groups
+    from drive.studies.misbehaviour_text import seeds_table
+
+    assert seed_groups(["r/a/seed0/best.pt", "r/a/seed1/best.pt", "r/myseed1.pt", "r/b/seed0/best.pt"]) == {
+        "r/a/seed*/best.pt": ["r/a/seed0/best.pt", "r/a/seed1/best.pt"]
+    }  # one seed alone is not a group, and "myseed1" is not a seed part
+    controllers = {f"r/a/seed{s}/best.pt": _controller(0.1 + 0.01 * s, 10) for s in range(3)}
+    controllers |= {f"r/b/seed{s}/best.pt": _controller(0.9 + 0.01 * s, s) for s in range(3)}
+    results = {"plan": {"level": 0.999, "ttm": 2}, "controllers": controllers}
+    out = over_seeds(results)
+    a, b = out["r/a/seed*/best.pt"], out["r/b/seed*/best.pt"]
+    f3 = b["monitors"]["epistemic_steer"]["f3"]
+    assert (
+        f3["n"] == 3
+        and f3["mean"] == pytest.approx(0.91)
+        and f3["half_width"] == pytest.approx(4.303 * 0.01 / 3**0.5, rel=1e-3)
+    )
+    assert f3["significant"] and "significant" not in a["monitors"]["epistemic_steer"]["f3"]  # a is the reference
+    assert not b["monitors"]["epistemic_steer"]["auroc"]["significant"]  # equal on every seed: no test, no mark
+    assert b["prevention"]["prevented"]["mean"] == pytest.approx(0.9) and a["prevention"]["prevented"]["mean"] == 0
+    assert b["prevention"]["handed_over_nominal"]["mean"] == pytest.approx(0.02)
+    results["over_seeds"] = out
+    table = "\n".join(seeds_table(results))
+    assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 ± 0.025 *" in table
