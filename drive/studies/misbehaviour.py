@@ -193,8 +193,14 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
         if NOMINAL in cells:
             entry["prediction"] = report.prediction(cells, cfg, plan.levels, plan.ttms, plan.n_boot, plan.seed)
             entry["episodes"] = {c: _summary(v) for c, v in cells.items()}
-            if plan.fallback != "off":
-                threshold = report.nominal_threshold(cells[NOMINAL], plan.level, cfg)
+            try:
+                threshold = (
+                    report.nominal_threshold(cells[NOMINAL], plan.level, cfg) if plan.fallback != "off" else None
+                )
+            except ValueError as exc:  # a controller that misbehaves on every nominal run: nothing to gate on
+                entry["fallback_skipped"] = f"no prevention cells: {exc}"
+                threshold = None
+            if threshold is not None:
                 entry["fallback"] = {"mode": plan.fallback, "threshold": threshold, "level": plan.level,
                                      "signal": "epistemic_steer", "conditions": {}}  # fmt: skip
                 for condition, ungated in cells.items():

@@ -115,7 +115,9 @@ def nominal_threshold(nominal: Mapping[str, Any], level: float, cfg: protocol.Pr
                if not _onsets(ep)]  # fmt: skip
     values = np.concatenate(windows) if windows else np.zeros(0)
     if len(values) < 2:
-        raise ValueError("too few nominal windows to fit the fallback threshold: give more --nominal-seeds")
+        bad = len(nominal["episodes"]) - len(windows)
+        raise ValueError(f"too few nominal windows to fit the fallback threshold ({bad} of {len(nominal['episodes'])} "
+                         "nominal runs misbehave): give more --nominal-seeds")  # fmt: skip
     return float(protocol.fit_threshold(values, [level], cfg.threshold_fit)[0])
 
 

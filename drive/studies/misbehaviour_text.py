@@ -79,6 +79,8 @@ def prevention_table(results: dict[str, Any]) -> list[str]:
     name = labels(list(results["controllers"]))
     for controller, entry in results["controllers"].items():
         fb = entry.get("fallback")
+        if entry.get("fallback_skipped"):
+            lines.append(f"| {name[controller]} | – | {entry['fallback_skipped']} | – | – | – | – | – |")
         if not fb:
             continue
         for condition, p in fb["conditions"].items():

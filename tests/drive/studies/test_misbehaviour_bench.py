@@ -149,3 +149,27 @@ def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences
     results["over_seeds"] = out
     table = "\n".join(seeds_table(results))
     assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 ± 0.025 *" in table
+
+
+def test_a_controller_that_misbehaves_on_every_nominal_run_gets_no_prevention_cells_and_stops_nothing(tmp_path):
+    """DER at the reference budget leaves the road on every nominal track: no threshold can be fitted, so its
+    prevention is reported as skipped (with the reason) while the other controllers' grid goes on."""
+    import numpy as np
+
+    from drive.studies.misbehaviour import Cell, Plan, RunSettings, run_plan, save_cell
+    from drive.studies.misbehaviour_text import prevention_table
+
+    def record(seed: int) -> dict:
+        return {"seed": seed, "return": 100.0, "events": [{"t": 120, "kind": "off_track"}],
+                "signals": np.full((200, 4), 1e-3), "busy": np.arange(200) >= 120}  # fmt: skip
+
+    plan = Plan(controllers=("runs/der.pt",), shifts=("blur:4",), nominal_seeds=(1, 2), seeds=(3, 4), n_boot=10)
+    for condition, seeds in (("nominal", plan.nominal_seeds), ("blur:4", plan.seeds)):
+        cell = Cell("runs/der.pt", condition, seeds)
+        save_cell(tmp_path / "cells" / "runs_der.pt" / f"{condition.replace(':', '_')}.npz", cell,
+                  [record(s) for s in seeds], 1.0)  # fmt: skip
+    results = run_plan(tmp_path, plan, RunSettings(progress=False), run_missing=False)
+    entry = results["controllers"]["runs/der.pt"]
+    assert "fallback" not in entry and "(2 of 2 nominal runs misbehave)" in entry["fallback_skipped"]
+    assert entry["prediction"]["nominal_misbehaving"] == 2
+    assert "| der.pt | – | no prevention cells: too few nominal windows" in "\n".join(prevention_table(results))
