@@ -128,3 +128,24 @@ def test_ctrl_c_keeps_finished_results_and_cancels_the_ray_tasks(ray_cluster, tm
         time.sleep(0.05)
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids), "Ray tasks kept running after Ctrl-C"
     assert len(list(tmp_path.iterdir())) <= 3  # task 0 and the two in flight: nothing started after Ctrl-C
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[3] / "checkpoints" / "carracing_nsac.pt").exists(),
+                    reason="the shipped NSAC checkpoint is absent")  # fmt: skip
+def test_ray_misbehaviour_cells_equal_the_process_pool_s(ray_cluster, tmp_path):
+    """`drive bench misbehaviour --ray`: the monitors (SelfOracle-free, ThirdEye's Grad-CAM) travel to Ray workers
+    and every per-step array and record comes back as the local run makes it."""
+    import numpy as np
+
+    from drive.loop.options import SHIPPED_CONTROLLER
+    from drive.studies.misbehaviour import Cell, RunSettings, run_cell
+
+    cell = Cell(str(SHIPPED_CONTROLLER), "blur:4", (7100, 7101))
+    settings = RunSettings(max_episode_steps=80, workers=2, envs=1, progress=False)
+    local = run_cell(cell, settings)
+    remote = run_cell(cell, RunSettings(**{**settings.__dict__, "ray": "local"}))
+    assert [r["seed"] for r in remote] == [7100, 7101]
+    for a, b in zip(local, remote, strict=True):
+        for key in ("signals", "busy", "monitor_scores"):
+            np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
+        assert a["return"] == b["return"] and a.get("events") == b.get("events")
