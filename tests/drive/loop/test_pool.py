@@ -47,10 +47,10 @@ def test_ctrl_c_keeps_finished_results_and_stops_the_workers_at_once(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run_tasks(_sleepy, [(i, str(tmp_path)) for i in range(6)], 2, on_result, show=False)
-    stopped = time.monotonic() - sent[0]
-    assert got == [0] and stopped < 2.0, (got, stopped)
+    stopped = time.monotonic() - sent[0]  # the promise is ~5 s; well under 1 s on an idle machine, more under load
+    assert got == [0] and stopped < 5.0, (got, stopped)
     pids = {int(p.name.split(".")[1]) for p in tmp_path.iterdir()}
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 5.0
     while any(map(_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(map(_alive, pids)), "workers kept running after Ctrl-C"
