@@ -196,7 +196,10 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
     {metric: interval}}} for every group of `seed_groups` (see the module docstring)."""
     plan, entries = results["plan"], results["controllers"]
     out: dict[str, Any] = {}
-    for group, members in seed_groups(list(entries)).items():
+    for group, every in seed_groups(list(entries)).items():
+        members = [c for c in every if "prediction" in entries[c]]  # cells not run yet (--report-only) count not
+        if not members:
+            continue
         values: dict[str, dict[str, list[float]]] = {}
         prevention: dict[str, list[float]] = {}
         misbehaviours = []
@@ -211,7 +214,8 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             if entries[c].get("fallback"):
                 for metric, v in _pooled_prevention(entries[c]["fallback"], table.get("conditions", [])).items():
                     prevention.setdefault(metric, []).append(v)
-        out[group] = {"checkpoints": members, "misbehaviours": misbehaviours,
+        out[group] = {"checkpoints": members, "not_run": [c for c in every if c not in members],
+                      "misbehaviours": misbehaviours,
                       "monitors": {m: {k: interval(v) for k, v in by.items()} for m, by in values.items()},
                       "prevention": {k: interval(v) for k, v in prevention.items()}}  # fmt: skip
     if out:

@@ -133,9 +133,11 @@ def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences
     }  # one seed alone is not a group, and "myseed1" is not a seed part
     controllers = {f"r/a/seed{s}/best.pt": _controller(0.1 + 0.01 * s, 10) for s in range(3)}
     controllers |= {f"r/b/seed{s}/best.pt": _controller(0.9 + 0.01 * s, s) for s in range(3)}
+    controllers["r/b/seed3/best.pt"] = {}  # its cells not run yet (--report-only): not a seed of the statistics
     results = {"plan": {"level": 0.999, "ttm": 2}, "controllers": controllers}
     out = over_seeds(results)
     a, b = out["r/a/seed*/best.pt"], out["r/b/seed*/best.pt"]
+    assert b["not_run"] == ["r/b/seed3/best.pt"] and b["misbehaviours"] == [10, 10, 10]
     f3 = b["monitors"]["epistemic_steer"]["f3"]
     assert (
         f3["n"] == 3
