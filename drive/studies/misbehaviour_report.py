@@ -183,8 +183,10 @@ def _pooled_prevention(fallback: Mapping[str, Any], conditions: Sequence[str]) -
     benign = sum(r["benign_episodes"] for r in rows)
     handed = sum(r["handed_over_benign"]["value"] * r["benign_episodes"] for r in rows if r["benign_episodes"])
     nominal = fallback["conditions"].get(NOMINAL, {})
+    gains = [r["return_with"]["value"] - r["return_without"]["value"] for r in rows]
     return {
         "prevented": 1 - after / before if before else math.nan,
+        "return_gain": float(np.mean(gains)) if gains else math.nan,
         "handed_over_benign": handed / benign if benign else math.nan,
         "handed_over_nominal": nominal.get("handed_over_benign", {}).get("value", math.nan),
         "interventions_per_km_nominal": nominal.get("interventions_per_km", {}).get("value", math.nan),

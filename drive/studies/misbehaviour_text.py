@@ -110,10 +110,12 @@ def seeds_table(results: dict[str, Any]) -> list[str]:
                          "without a misbehaviour, or no misbehaviour) | – | – | – | – |")  # fmt: skip
     prevention = {g: e["prevention"] for g, e in groups.items() if e["prevention"]}
     if prevention:
-        lines += ["", "| controller | prevented (held-out, pooled) | steps handed over, benign shifted episodes | "
-                  "steps handed over, nominal | interventions / km, nominal |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += ["", "| controller | prevented (held-out, pooled) | return gained (held-out mean) | steps handed "
+                  "over, benign shifted episodes | steps handed over, nominal | interventions / km, nominal |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
         for group, by in prevention.items():
-            keys = ("prevented", "handed_over_benign", "handed_over_nominal", "interventions_per_km_nominal")
+            keys = ("prevented", "return_gain", "handed_over_benign", "handed_over_nominal",
+                    "interventions_per_km_nominal")  # fmt: skip
             lines.append(f"| {name[group]} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
     return lines
 

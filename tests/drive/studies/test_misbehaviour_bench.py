@@ -115,9 +115,11 @@ def _controller(f3: float, prevented_with: int) -> dict:
     row = {"level": 0.999, "ttm": 2, "value": {"recall": f3, "fpr": 0.01, "f3": f3, "auroc": 0.9}}
     fallback = {"conditions": {
         "nominal": {"misbehaviours_without": 0, "misbehaviours_with": 0, "benign_episodes": 4,
-                    "handed_over_benign": {"value": 0.02}, "interventions_per_km": {"value": 0.5}},
+                    "handed_over_benign": {"value": 0.02}, "interventions_per_km": {"value": 0.5},
+                    "return_without": {"value": 500.0}, "return_with": {"value": 490.0}},
         "blur:4": {"misbehaviours_without": 10, "misbehaviours_with": prevented_with, "benign_episodes": 0,
-                   "handed_over_benign": {"value": math.nan}, "interventions_per_km": {"value": 3.0}},
+                   "handed_over_benign": {"value": math.nan}, "interventions_per_km": {"value": 3.0},
+                   "return_without": {"value": 300.0}, "return_with": {"value": 300.0 + 10 * (10 - prevented_with)}},
     }}  # fmt: skip
     return {"prediction": {"groups": {"held_out": {"conditions": ["blur:4"], "misbehaviours": 10,
                                                    "monitors": {"epistemic_steer": [row]}}}},
@@ -148,6 +150,7 @@ def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences
     assert not b["monitors"]["epistemic_steer"]["auroc"]["significant"]  # equal on every seed: no test, no mark
     assert b["prevention"]["prevented"]["mean"] == pytest.approx(0.9) and a["prevention"]["prevented"]["mean"] == 0
     assert b["prevention"]["handed_over_nominal"]["mean"] == pytest.approx(0.02)
+    assert b["prevention"]["return_gain"]["mean"] == pytest.approx(90.0) and a["prevention"]["return_gain"]["mean"] == 0
     results["over_seeds"] = out
     table = "\n".join(seeds_table(results))
     assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 ± 0.025 *" in table
