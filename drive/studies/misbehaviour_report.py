@@ -17,7 +17,7 @@ Every figure carries a 95 % bootstrap interval over episodes.
 Over training seeds (`over_seeds`): checkpoints whose paths differ only in a `seed<N>` part are one controller trained
 on several seeds. Per such group and monitor, the headline figures (held-out families, the plan's level and TTM) and
 the prevention figures (held-out conditions pooled) of each seed become a mean with a 95 % Student-t interval over the
-seeds (drive/studies/over_seeds.py), and Welch's test against the first group's same monitor marks the differences
+seeds (drive/studies/over_seeds.py), and Welch's test against the first group's same figure marks the differences
 shown to be real (p < 0.05). The bootstrap intervals above are over episodes of one trained model; these are over
 the training seeds, the variation a user retraining the controller meets.
 """
@@ -221,11 +221,12 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
                       "monitors": {m: {k: interval(v) for k, v in by.items()} for m, by in values.items()},
                       "prevention": {k: interval(v) for k, v in prevention.items()}}  # fmt: skip
     if out:
-        reference = next(iter(out.values()))["monitors"]
+        first = next(iter(out.values()))
         for entry in list(out.values())[1:]:
-            for monitor, by in entry["monitors"].items():
+            tables = [(by, first["monitors"].get(m, {})) for m, by in entry["monitors"].items()]
+            for by, reference in [*tables, (entry["prevention"], first["prevention"])]:
                 for metric, stat in by.items():
-                    ref = reference.get(monitor, {}).get(metric)
+                    ref = reference.get(metric)
                     p = welch(stat["values"], ref["values"]) if ref else None
                     stat.update(p=p, significant=p is not None and p < 0.05)
     return out

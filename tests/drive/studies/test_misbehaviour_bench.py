@@ -151,6 +151,7 @@ def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences
     assert b["prevention"]["prevented"]["mean"] == pytest.approx(0.9) and a["prevention"]["prevented"]["mean"] == 0
     assert b["prevention"]["handed_over_nominal"]["mean"] == pytest.approx(0.02)
     assert b["prevention"]["return_gain"]["mean"] == pytest.approx(90.0) and a["prevention"]["return_gain"]["mean"] == 0
+    assert b["prevention"]["return_gain"]["significant"] and b["prevention"]["return_gain"]["p"] < 0.05
     results["over_seeds"] = out
     table = "\n".join(seeds_table(results))
     assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 ± 0.025 *" in table
