@@ -220,13 +220,23 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
                       "misbehaviours": misbehaviours,
                       "monitors": {m: {k: interval(v) for k, v in by.items()} for m, by in values.items()},
                       "prevention": {k: interval(v) for k, v in prevention.items()}}  # fmt: skip
-    if out:
-        first = next(iter(out.values()))
-        for entry in list(out.values())[1:]:
-            tables = [(by, first["monitors"].get(m, {})) for m, by in entry["monitors"].items()]
-            for by, reference in [*tables, (entry["prevention"], first["prevention"])]:
-                for metric, stat in by.items():
-                    ref = reference.get(metric)
-                    p = welch(stat["values"], ref["values"]) if ref else None
+    for name, entry in out.items():  # Welch's p against every other group; the first group is the marked reference
+        figures = [(("monitors", m), by) for m, by in entry["monitors"].items()] + [
+            (("prevention",), entry["prevention"])
+        ]
+        for where, by in figures:
+            for metric, stat in by.items():
+                others = {g: _at(e, where).get(metric) for g, e in out.items() if g != name}
+                stat["p_vs"] = {g: welch(stat["values"], o["values"]) for g, o in others.items() if o}
+        if name != next(iter(out)):
+            for _, by in figures:
+                for stat in by.values():
+                    p = stat["p_vs"].get(next(iter(out)))
                     stat.update(p=p, significant=p is not None and p < 0.05)
     return out
+
+
+def _at(entry: Mapping[str, Any], where: tuple[str, ...]) -> dict[str, Any]:
+    for key in where:
+        entry = entry.get(key, {})
+    return dict(entry)

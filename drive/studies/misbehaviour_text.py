@@ -117,7 +117,29 @@ def seeds_table(results: dict[str, Any]) -> list[str]:
             keys = ("prevented", "return_gain", "handed_over_benign", "handed_over_nominal",
                     "interventions_per_km_nominal")  # fmt: skip
             lines.append(f"| {name[group]} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
+    return lines + pairwise(groups, name)
+
+
+def pairwise(groups: dict[str, Any], name: dict[str, str]) -> list[str]:
+    """Welch's p of every pair of controllers on the summed epistemic variance's F3 and on the share prevented."""
+    lines: list[str] = []
+    for title, where in (("F3 of the summed epistemic variance", ("monitors", "epistemic_sum", "f3")),
+                         ("share of misbehaviours prevented", ("prevention", "prevented"))):  # fmt: skip
+        stats = {g: e[where[0]].get(where[1], {}).get(where[2]) if len(where) == 3 else e[where[0]].get(where[1])
+                 for g, e in groups.items()}  # fmt: skip
+        stats = {g: v for g, v in stats.items() if v}
+        if len(stats) < 2:
+            continue
+        lines += ["", f"Welch's p, {title} (row against column; `–`: no test, a side constant or under 2 seeds):", "",
+                  "| | " + " | ".join(name[g] for g in stats) + " |", "|---|" + "---|" * len(stats)]  # fmt: skip
+        for g, v in stats.items():
+            cells = ["" if h == g else _p(v.get("p_vs", {}).get(h)) for h in stats]
+            lines.append(f"| {name[g]} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3f}" + (" *" if p < 0.05 else "")
 
 
 def headline(results: dict[str, Any]) -> str:

@@ -155,6 +155,9 @@ def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences
     results["over_seeds"] = out
     table = "\n".join(seeds_table(results))
     assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 ± 0.025 *" in table
+    p = b["prevention"]["prevented"]["p_vs"]["r/a/seed*/best.pt"]
+    assert p == a["prevention"]["prevented"]["p_vs"]["r/b/seed*/best.pt"] and p < 0.05  # every pair, both ways
+    assert "Welch's p, share of misbehaviours prevented" in table and f"| a/seed*/best.pt |  | {p:.3f} * |" in table
 
 
 def test_a_controller_that_misbehaves_on_every_nominal_run_gets_no_prevention_cells_and_stops_nothing(tmp_path):
