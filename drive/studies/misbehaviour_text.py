@@ -202,9 +202,55 @@ def plot_f3(results: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+SEED_MONITORS = ("epistemic_steer", "epistemic_sum", "thirdeye_avg_grad", "selforacle")
+
+
+def plot_seeds(results: dict[str, Any], path: Path) -> Path | None:
+    """Controllers trained on several seeds: F3 per monitor (held-out, the plan's level and TTM) and the share the
+    gate prevents, each seed a dot, the mean and its 95 % t-interval a bar."""
+    groups = results.get("over_seeds", {})
+    if not groups:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan, name = results["plan"], labels(list(groups))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1.4]})
+    width = 0.8 / len(SEED_MONITORS)
+    for m, monitor in enumerate(SEED_MONITORS):
+        for g, entry in enumerate(groups.values()):
+            _seed_bar(left, g + (m - (len(SEED_MONITORS) - 1) / 2) * width,
+                      entry["monitors"].get(monitor, {}).get("f3"), f"C{m}", monitor if g == 0 else None)  # fmt: skip
+    for g, entry in enumerate(groups.values()):
+        _seed_bar(right, g, entry["prevention"].get("prevented"), "C4", None)
+    ticks = [name[g].replace("/seed*/best.pt", "") for g in groups]
+    left.set(ylabel=f"F3 (held-out, TTM {plan['ttm']} s, level {plan['level']})", ylim=(-0.02, 1.02),
+             xticks=range(len(groups)), xticklabels=ticks)  # fmt: skip
+    right.set(ylabel="share of misbehaviours prevented", ylim=(-0.02, 1.02), xticks=range(len(groups)),
+              xticklabels=ticks)  # fmt: skip
+    left.legend(fontsize=7, loc="upper left")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.suptitle("over training seeds: each dot a seed, bars the mean and its 95 % t-interval", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _seed_bar(ax: Any, x: float, stat: dict[str, Any] | None, colour: str, label: str | None) -> None:
+    if not stat or stat["mean"] is None:
+        return
+    ax.scatter([x] * len(stat["values"]), stat["values"], s=10, color=colour, alpha=0.6, label=label)
+    half = stat["half_width"] or 0.0
+    ax.errorbar([x], [stat["mean"]], yerr=[[half], [half]], fmt="_", color=colour, markersize=10, capsize=2)
+
+
 def write_report(out: Path, results: dict[str, Any]) -> list[Path]:
     results = portable(results)
     atomic_write(out / "results.json", (json.dumps(results, indent=1, default=float) + "\n").encode())
     atomic_write(out / "results.md", markdown(results).encode())
-    figure = plot_f3(results, out / "f3.png")
-    return [out / "results.json", out / "results.md", *([figure] if figure else [])]
+    figures = [plot_seeds(results, out / "seeds.png") or plot_f3(results, out / "f3.png")]
+    return [out / "results.json", out / "results.md", *(f for f in figures if f)]

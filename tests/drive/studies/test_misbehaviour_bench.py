@@ -126,7 +126,7 @@ def _controller(f3: float, prevented_with: int) -> dict:
             "fallback": fallback}  # fmt: skip
 
 
-def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences_are_tested():
+def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences_are_tested(tmp_path):
     from drive.studies.misbehaviour_report import over_seeds, seed_groups
     from drive.studies.misbehaviour_text import seeds_table
 
@@ -158,6 +158,13 @@ def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences
     p = b["prevention"]["prevented"]["p_vs"]["r/a/seed*/best.pt"]
     assert p == a["prevention"]["prevented"]["p_vs"]["r/b/seed*/best.pt"] and p < 0.05  # every pair, both ways
     assert "Welch's p, share of misbehaviours prevented" in table and f"| a/seed*/best.pt |  | {p:.3f} * |" in table
+    from drive.studies.misbehaviour_text import plot_seeds
+
+    assert (
+        plot_seeds(results, tmp_path / "seeds.png") == tmp_path / "seeds.png"
+        and (tmp_path / "seeds.png").stat().st_size
+    )
+    assert plot_seeds({"over_seeds": {}}, tmp_path / "none.png") is None  # no seed groups: f3.png instead
 
 
 def test_a_controller_that_misbehaves_on_every_nominal_run_gets_no_prevention_cells_and_stops_nothing(tmp_path):
