@@ -1,5 +1,6 @@
 """The misbehaviour benchmark's report: results.json (no machine paths), results.md (tables with intervals, the
-field's published figures beside ours, labelled) and f3.png (F3 against TTM per monitor, held-out families)."""
+field's published figures beside ours, labelled) and a figure: seeds.png where controllers were trained on several
+seeds (F3 per monitor and share prevented, a dot per seed), else f3.png (F3 against TTM per monitor, held-out)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ threshold the protocol fits at --level. Monitors: the controller's own uncertain
 --selforacle) and ThirdEye (Grad-CAM of the controller). Scored per monitor x confidence level x TTM in {1, 2, 3} s
 (precision, recall, FPR, F1, F3, AUROC, AUPRC, lead time, 95 % bootstrap intervals over episodes;
 drive/studies/protocol.py), held-out families apart from NSAC's surrogate families. Writes DIR/cells/ (one file
-per finished cell: a rerun resumes), DIR/results.json, DIR/results.md and DIR/f3.png. `--ray` runs the episodes on a
-Ray cluster; the run's CPU time is in results.json. `--report-only` rebuilds the report from the finished cells.
+per finished cell: a rerun resumes), DIR/results.json, DIR/results.md and DIR/seeds.png (checkpoints that differ only
+in a seed<N> folder: one controller over training seeds, mean ± t-interval) or DIR/f3.png. `--ray` runs the episodes
+on a Ray cluster; the run's CPU time is in results.json. `--report-only` rebuilds the report from the finished cells.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ DEFAULT_SHIFTS = (
 @dataclass(frozen=True)
 class Config:
     out: Path
-    """output directory (cells/, results.json, results.md, f3.png); rerunning resumes"""
+    """output directory (cells/, results.json, results.md, seeds.png or f3.png); rerunning resumes"""
     ckpt: tuple[Path, ...] = (Path("checkpoints/carracing_nsac.pt"),)
     """controller checkpoints (CarRacing, frames), one column block each"""
     shifts: tuple[str, ...] = DEFAULT_SHIFTS
