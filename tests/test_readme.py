@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import lzma
 import re
 import shlex
 import tarfile
@@ -167,6 +168,25 @@ def test_a_bench_page_is_what_its_archived_records_make(tmp_path, monkeypatch, a
     assert len(made) >= 5 and all(len(t) >= 2 + len(rows) for t in made.values())
     for heading, table in made.items():
         assert heading in report and _table(report, heading) == table, heading
+
+
+def test_the_misbehaviour_headline_is_what_its_archived_results_make():
+    """docs/misbehaviour.md's three-seed table: every row is what `over_seeds` and `seeds_table` make of the per-
+    checkpoint figures of the run's results.json (archived, xz: docs/misbehaviour_runs/), recomputed here."""
+    from drive.studies.misbehaviour_report import over_seeds
+    from drive.studies.misbehaviour_text import seeds_table
+
+    with lzma.open(REPO / "docs" / "misbehaviour_runs" / "seeds3_results.json.xz") as f:
+        results = json.load(f)
+    shown = results.pop("over_seeds")
+    results["over_seeds"] = over_seeds(results)
+    assert json.dumps(results["over_seeds"], sort_keys=True) == json.dumps(shown, sort_keys=True)
+    made = {line.replace("/seed*/best.pt", "") for line in seeds_table(results)}
+    page = (REPO / "docs" / "misbehaviour.md").read_text()
+    section = page[page.index("## Six controllers over three training seeds") : page.index("![F3 per monitor")]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) >= 30 and not [r for r in rows if r not in made]
+    assert "--out runs/mb/seeds3 --ckpt $B/{nsac,nsac-fit-0.1,gmle,mcd,de,der,sdenet}/seed{0,1,2}/best.pt" in page
 
 
 def test_the_results_commands_parse():
