@@ -226,7 +226,7 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
         ]
         for where, by in figures:
             for metric, stat in by.items():
-                others = {g: _at(e, where).get(metric) for g, e in out.items() if g != name}
+                others = {g: figure_at(e, where).get(metric) for g, e in out.items() if g != name}
                 stat["p_vs"] = {g: welch(stat["values"], o["values"]) for g, o in others.items() if o}
         if name != next(iter(out)):
             for _, by in figures:
@@ -236,7 +236,8 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _at(entry: Mapping[str, Any], where: tuple[str, ...]) -> dict[str, Any]:
+def figure_at(entry: Mapping[str, Any], where: tuple[str, ...]) -> dict[str, Any]:
+    """entry[where[0]][where[1]]..., {} where a key is missing: a figure of an `over_seeds` group by its path."""
     for key in where:
         entry = entry.get(key, {})
     return dict(entry)

@@ -13,6 +13,7 @@ from typing import Any
 
 from datasets.files import atomic_write
 from datasets.root import portable
+from drive.studies.misbehaviour_report import figure_at
 from drive.studies.over_seeds import cell_text
 
 
@@ -126,9 +127,7 @@ def pairwise(groups: dict[str, Any], name: dict[str, str]) -> list[str]:
     lines: list[str] = []
     for title, where in (("F3 of the summed epistemic variance", ("monitors", "epistemic_sum", "f3")),
                          ("share of misbehaviours prevented", ("prevention", "prevented"))):  # fmt: skip
-        stats = {g: e[where[0]].get(where[1], {}).get(where[2]) if len(where) == 3 else e[where[0]].get(where[1])
-                 for g, e in groups.items()}  # fmt: skip
-        stats = {g: v for g, v in stats.items() if v}
+        stats = {g: v for g, e in groups.items() if (v := figure_at(e, where))}
         if len(stats) < 2:
             continue
         lines += ["", f"Welch's p, {title} (row against column; `–`: no test, a side constant or under 2 seeds):", "",
