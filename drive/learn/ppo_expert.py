@@ -202,6 +202,8 @@ def _callback(cfg: PPOExpertOptions, model: Any, venv: Any, evaluate: _Selector)
 
 def train_expert(cfg: PPOExpertOptions, seeds: list[int], command: str = "") -> float:
     """Train (or resume) PPO, evaluating and exporting every eval_every steps; returns the best held-out score."""
+    from stable_baselines3.common.logger import Logger
+
     torch.set_num_threads(1)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -211,6 +213,7 @@ def train_expert(cfg: PPOExpertOptions, seeds: list[int], command: str = "") -> 
     evaluate = _Selector(cfg, seeds, model, venv, history, command)
     remaining = cfg.total_steps - model.num_timesteps
     if remaining > 0:
+        model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default makes an empty /tmp/SB3-* per run
         model.learn(remaining, callback=_callback(cfg, model, venv, evaluate), progress_bar=True,
                     reset_num_timesteps=not cfg.resume)  # fmt: skip
     if not history or history[-1]["steps"] != model.num_timesteps:

@@ -154,8 +154,12 @@ def test_pursuit_closed_loop_scores():
     assert s["mean"] >= 850, s
 
 
-def test_expert_train_writes_curve_keeps_best_and_resumes(tmp_path):
+def test_expert_train_writes_curve_keeps_best_and_resumes(tmp_path, monkeypatch):
     import json
+    import tempfile
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
 
     from drive.commands.expert.train import Config, run
 
@@ -169,6 +173,7 @@ def test_expert_train_writes_curve_keeps_best_and_resumes(tmp_path):
     assert run(Config(total_steps=1024, resume=True, **common)) == 0
     history = json.loads((run_dir / "eval.json").read_text())
     assert [h["steps"] for h in history] == [512, 1024]  # resumed where it stopped, not from zero
+    assert not list((tmp_path / "tmp").glob("SB3-*"))  # SB3's default logger left an empty SB3-* folder per run
     best = checkpoint.read(tmp_path / "best.pt", kind="expert")
     assert best["metrics"]["heldout_mean"] == pytest.approx(max(h["mean"] for h in history))
     with pytest.raises(ValueError, match="1000-1019"):
