@@ -6,46 +6,41 @@
 
 Rows: gymnasium's stock CarRacing-v3 (pygame renderer), our pixel env (`make_carracing`, fast renderer) and EnvPool's
 CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so it may live in another venv, and
-skipped with a note where it does not import), all three on the same pre-drawn random actions, in `--rounds` rounds
-that alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
+skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
+expert's laps replayed open loop (drive/commands/bench/closedloop_envs.py says why both), in `--rounds` rounds that
+alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
 K = 1, 4, 16 cars per process (`--envs K`), and the best K again on 2 workers. Collect and eval rates count the whole
 run (worker start-up, policy building, shards written) over all its steps; eval without failure prediction, whose
 nominal calibration laps would cost CPU the rate does not count (`failure_horizon=0`).
 
 Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
 threads included): what a step costs, whatever else runs. Wall-clock rates are printed beside them and the 2-worker
-ratio is a wall one (on a shared machine they measure the neighbours: the load average is recorded). A benchmark.
+ratio is a wall one (on a shared machine they measure the neighbours: the load average is recorded). The collect
+and eval ratios are given against both env rows: the random one (the issue's figure) and the driving one (like for
+like: collect drives exactly the replayed laps, eval the same tracks). A benchmark.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
-import resource
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from datasets.files import atomic_write
 from datasets.root import portable
+from drive.commands.bench.closedloop_envs import Row, measure_envs, timed
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
 from drive.options import NonNegativeInt, PositiveInt
 
 TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_best_over_renderer": 0.8,
-           "collect2_over_collect1": 1.7}  # fmt: skip
-ENV_ROWS = ("stock", "renderer", "envpool")
-ENV_LABELS = {"stock": "stock CarRacing-v3, random", "renderer": "our env (fast renderer), random",
-              "envpool": "EnvPool CarRacing-v2, random"}  # fmt: skip
+           "collect2_over_collect1": 1.7, "renderer_over_envpool_driving": 1.0,
+           "collect1_over_renderer_driving": 0.9, "eval_best_over_renderer_driving": 0.8}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,129 +75,6 @@ class Config:
     import there"""
 
 
-@dataclass(frozen=True)
-class Row:
-    """One loop as measured (or `skipped`, saying why not)."""
-
-    label: str
-    steps: int = 0
-    wall_s: float = 0.0
-    cpu_s: float = 0.0  # this process and its workers; EnvPool's subprocess measures its own
-    skipped: str = ""
-    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def steps_per_s(self) -> float | None:
-        return self.steps / self.wall_s if self.steps else None
-
-    @property
-    def steps_per_cpu_s(self) -> float | None:
-        return self.steps / self.cpu_s if self.steps else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "steps_per_s": self.steps_per_s, "steps_per_cpu_s": self.steps_per_cpu_s}
-
-
-def _cpu_seconds() -> float:
-    """User + system CPU of this process and its reaped children (a pool's workers, once joined)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def _timed(run: Callable[[], int]) -> tuple[int, float, float]:
-    cpu, wall = _cpu_seconds(), time.perf_counter()
-    steps = run()
-    return steps, time.perf_counter() - wall, _cpu_seconds() - cpu
-
-
-def random_actions(n: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.uniform([-1.0, 0.0, 0.0], [1.0, 1.0, 1.0], size=(n, 3)).astype(np.float32)
-
-
-def _drive(env: Any, actions: np.ndarray, first_seed: int) -> int:
-    seed = first_seed
-    env.reset(seed=seed)
-    for action in actions:
-        _, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            seed += 1
-            env.reset(seed=seed)
-    return len(actions)
-
-
-def gym_loop(which: str, actions: np.ndarray, cfg: Config) -> tuple[int, float, float]:
-    import gymnasium as gym
-
-    from sim_bridges.carracing import make_carracing
-
-    limit = cfg.max_episode_steps
-    stock = which == "stock"
-    env = gym.make("CarRacing-v3", max_episode_steps=limit) if stock else make_carracing(max_episode_steps=limit)
-    try:
-        return _timed(lambda: _drive(env, actions, cfg.first_seed))
-    finally:
-        env.close()
-
-
-# run by --envpool-python: one env on one thread, the actions from stdin; prints one JSON line
-ENVPOOL_SCRIPT = """
-import json, sys, time
-import numpy as np
-try:
-    import envpool
-except ImportError as exc:
-    print(json.dumps({"skipped": f"envpool does not import in {sys.executable} ({exc})"}))
-    raise SystemExit(0)
-limit, seed = int(sys.argv[1]), int(sys.argv[2])
-actions = np.frombuffer(sys.stdin.buffer.read(), dtype=np.float32).reshape(-1, 1, 3)
-env = envpool.make("CarRacing-v2", env_type="gymnasium", num_envs=1, num_threads=1, seed=seed,
-                   max_episode_steps=limit)
-env.reset()
-cpu, wall = time.process_time(), time.perf_counter()
-for action in actions:
-    env.step(action)  # an episode's end resets it on the next step
-print(json.dumps({"steps": len(actions), "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}))
-"""
-
-
-def envpool_loop(actions: np.ndarray, cfg: Config) -> tuple[int, float, float] | str:
-    """(steps, wall s, CPU s) of EnvPool in `--envpool-python`, or why it did not run."""
-    python = cfg.envpool_python or sys.executable
-    try:
-        done = subprocess.run([python, "-c", ENVPOOL_SCRIPT, str(cfg.max_episode_steps), str(cfg.first_seed)],
-                              input=actions.tobytes(), capture_output=True, timeout=600)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{python}: {exc}"
-    lines = done.stdout.decode().strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return f"{python} failed (exit {done.returncode}): {done.stderr.decode().strip()[-300:]}"
-    got = json.loads(lines[-1])
-    return got["skipped"] if "skipped" in got else (int(got["steps"]), float(got["wall_s"]), float(got["cpu_s"]))
-
-
-def measure_envs(cfg: Config, console: Any) -> dict[str, Row]:
-    runs: dict[str, list[tuple[int, float, float]]] = {key: [] for key in ENV_ROWS}
-    note = ""  # why EnvPool did not run
-    for r in range(cfg.rounds):
-        actions = random_actions(cfg.steps, cfg.first_seed + r)
-        for key in ENV_ROWS[:: 1 if r % 2 == 0 else -1]:
-            if key != "envpool" or not note:
-                with console.status(f"round {r + 1}/{cfg.rounds}: {ENV_LABELS[key]} ..."):
-                    got = envpool_loop(actions, cfg) if key == "envpool" else gym_loop(key, actions, cfg)
-                note = got if isinstance(got, str) else note
-                runs[key] += [] if isinstance(got, str) else [got]
-    if note:
-        console.print(f"EnvPool row skipped: {note}")
-    rows = {"envpool": Row(ENV_LABELS["envpool"], skipped=note)} if note else {}
-    for key in ENV_ROWS:
-        if key not in rows:
-            steps, wall, cpu = (sum(column) for column in zip(*runs[key], strict=True))
-            per_round = [n / c for n, _, c in runs[key]]
-            rows[key] = Row(ENV_LABELS[key], int(steps), wall, cpu, detail={"per_round_steps_per_cpu_s": per_round})
-    return {key: rows[key] for key in ENV_ROWS}
-
-
 def collect_row(cfg: Config, workers: int) -> Row:
     from drive.loop.collect import collect
     from drive.observe.demonstrations import recorder_for
@@ -211,7 +83,7 @@ def collect_row(cfg: Config, workers: int) -> Row:
         options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes,
                                  seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}", workers=workers,
                                  max_episode_steps=cfg.max_episode_steps, progress=False)  # fmt: skip
-        steps, wall, cpu = _timed(lambda: collect(options, recorder_for).frames)
+        steps, wall, cpu = timed(lambda: collect(options, recorder_for).frames)
     return Row(f"collect {cfg.expert}, {workers} worker{'s' * (workers > 1)}", steps, wall, cpu,
                detail={"episodes": cfg.episodes, "workers": workers})  # fmt: skip
 
@@ -224,7 +96,7 @@ def eval_row(cfg: Config, k: int, workers: int) -> Row:
     options = EvalOptions(policy=cfg.policy, seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}", workers=workers,  # type: ignore[call-arg]
                           samples=cfg.samples, max_episode_steps=cfg.eval_max_episode_steps, progress=False,
                           envs=k, failure_horizon=0)  # fmt: skip
-    steps, wall, cpu = _timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
+    steps, wall, cpu = timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
     return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers})
 
 
@@ -253,6 +125,10 @@ def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | No
         "collect1_over_renderer": _over(per_cpu["collect1"], per_cpu["renderer"]),
         "eval_best_over_renderer": _over(per_cpu.get(best_key), per_cpu["renderer"]),
         "collect2_over_collect1": _over(wall["collect2"], wall["collect1"]),
+        # like for like: the bare env on the expert's laps (collect drives those very laps, eval similar ones)
+        "renderer_over_envpool_driving": _over(per_cpu["renderer_driving"], per_cpu["envpool_driving"]),
+        "collect1_over_renderer_driving": _over(per_cpu["collect1"], per_cpu["renderer_driving"]),
+        "eval_best_over_renderer_driving": _over(per_cpu.get(best_key), per_cpu["renderer_driving"]),
         # parallel efficiency: 1.0 when the second worker costs no extra CPU per step (start-up, contention)
         "collect2_over_collect1_per_cpu": _over(per_cpu["collect2"], per_cpu["collect1"]),
         "eval2_over_eval_best": _over(wall["eval2"], wall.get(best_key)),

@@ -9,9 +9,21 @@ import sys
 import numpy as np
 
 from drive.cli import main
-from drive.commands.bench import closedloop
+from drive.commands.bench import closedloop, closedloop_envs
 
-ROWS = ("stock", "renderer", "envpool", "collect1", "collect2", "eval_k1", "eval_k2", "eval2")
+ROWS = (
+    "stock",
+    "renderer",
+    "envpool",
+    "stock_driving",
+    "renderer_driving",
+    "envpool_driving",
+    "collect1",
+    "collect2",
+    "eval_k1",
+    "eval_k2",
+    "eval2",
+)
 
 
 def _stand_in(tmp_path, source: str) -> str:
@@ -36,15 +48,19 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     results = json.loads(out.read_text())
     assert tuple(results["rows"]) == ROWS
     assert "stand-in: no envpool here" in results["rows"]["envpool"]["skipped"]
-    measured = {k: r for k, r in results["rows"].items() if k != "envpool"}
+    assert "stand-in: no envpool here" in results["rows"]["envpool_driving"]["skipped"]
+    measured = {k: r for k, r in results["rows"].items() if not k.startswith("envpool")}
     assert all(not r["skipped"] and r["steps"] > 0 and r["cpu_s"] > 0 for r in measured.values())
     assert results["rows"]["stock"]["steps"] == results["rows"]["renderer"]["steps"] == 16  # 2 rounds of 8
+    driving = results["rows"]["renderer_driving"]["steps"]  # the expert's 8 steps (fewer if it leaves the field)
+    assert results["rows"]["stock_driving"]["steps"] == driving and 0 < driving <= 16
     assert results["rows"]["collect1"]["steps"] == results["rows"]["collect2"]["steps"] == 12  # 2 episodes of 6
     assert results["rows"]["eval_k1"]["steps"] == 6 and results["rows"]["eval2"]["steps"] == 12
     assert results["best_envs"] in (1, 2) and results["rows"]["eval2"]["detail"]["envs"] == results["best_envs"]
     assert set(results["ratios"]) >= set(closedloop.TARGETS) and set(results["met"]) == set(closedloop.TARGETS)
-    assert results["ratios"]["renderer_over_envpool"] is None and results["met"]["renderer_over_envpool"] is None
-    assert all(v is not None for k, v in results["ratios"].items() if k != "renderer_over_envpool")
+    no_envpool = ("renderer_over_envpool", "renderer_over_envpool_driving")
+    assert all(results["ratios"][k] is None and results["met"][k] is None for k in no_envpool)
+    assert all(v is not None for k, v in results["ratios"].items() if k not in no_envpool)
     assert horizons == [0, 0, 0]  # the eval rows drive their episodes only: no uncounted calibration laps
     assert not any(str(v).startswith("/") for v in results["config"].values())  # no path of this machine
 
@@ -66,7 +82,25 @@ def make(task_id, **kwargs):
 def test_envpool_row_runs_in_the_given_python_and_reports_its_own_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", _stand_in(tmp_path, STAND_IN))
     cfg = closedloop.Config(max_episode_steps=7, envpool_python=sys.executable)
-    steps, wall, cpu = closedloop.envpool_loop(closedloop.random_actions(5, 0), cfg)  # type: ignore[misc]
+    steps, wall, cpu = closedloop_envs.envpool_loop(closedloop_envs.random_actions(5, 0), cfg)  # type: ignore[misc]
     assert steps == 5 and wall > 0 and cpu >= 0
-    missing = closedloop.envpool_loop(np.zeros((1, 3), np.float32), closedloop.Config(envpool_python="/nonexistent"))
+    nowhere = closedloop.Config(envpool_python="/nonexistent")
+    missing = closedloop_envs.envpool_loop(np.zeros((1, 3), np.float32), nowhere)
     assert isinstance(missing, str) and "/nonexistent" in missing
+
+
+def test_the_experts_laps_replay_the_same_in_stock_gymnasium_and_our_env():
+    import gymnasium as gym
+
+    from sim_bridges.carracing import make_carracing
+
+    episodes = closedloop_envs.expert_episodes("ppo", 90, 5000, 60)  # a full episode of 60 steps, then 30
+    assert [(seed, len(actions)) for seed, actions in episodes] == [(5000, 60), (5001, 30)]
+    poses = []
+    for env in (gym.make("CarRacing-v3", max_episode_steps=60), make_carracing(max_episode_steps=60),
+                make_carracing("state", max_episode_steps=60)):  # fmt: skip
+        assert closedloop_envs._drive(env, episodes) == 90
+        car = env.unwrapped.car
+        poses.append((*car.hull.position, car.hull.angle, env.unwrapped.tile_visited_count))
+    assert poses[0] == poses[1] == poses[2]
+    assert poses[0][3] >= 5  # it drove: tiles visited in 30 steps of the second track
