@@ -127,6 +127,8 @@ def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | No
         "collect2_over_collect1": _over(wall["collect2"], wall["collect1"]),
         # like for like: the bare env on the expert's laps (collect drives those very laps, eval similar ones)
         "renderer_over_envpool_driving": _over(per_cpu["renderer_driving"], per_cpu["envpool_driving"]),
+        # the floor: our physics, reward and state without a frame, against EnvPool's whole step
+        "state_over_envpool_driving": _over(per_cpu["state_driving"], per_cpu["envpool_driving"]),
         "collect1_over_renderer_driving": _over(per_cpu["collect1"], per_cpu["renderer_driving"]),
         "eval_best_over_renderer_driving": _over(per_cpu.get(best_key), per_cpu["renderer_driving"]),
         # parallel efficiency: 1.0 when the second worker costs no extra CPU per step (start-up, contention)

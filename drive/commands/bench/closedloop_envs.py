@@ -7,7 +7,8 @@ the driving rows too.
 The expert's actions are recorded once in a state-mode env (same physics, no frames), episode by episode on the
 collect rows' seeds; replayed in stock gymnasium or our env they drive the very same laps (the physics is
 gymnasium's, bit for bit). EnvPool builds other tracks from a seed, so there the same actions are only a similar
-driving load (its row is labelled so).
+driving load (its row is labelled so). Our env in state mode on the same laps (physics, reward and privileged state,
+no frame drawn) is the floor under every pixel row: what a step costs before any drawing.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import numpy as np
 if TYPE_CHECKING:
     from drive.commands.bench.closedloop import Config
 
-ENV_ROWS = ("stock", "renderer", "envpool", "stock_driving", "renderer_driving", "envpool_driving")
+ENV_ROWS = ("stock", "renderer", "envpool", "stock_driving", "renderer_driving", "envpool_driving", "state_driving")
 ENV_LABELS = {"stock": "stock CarRacing-v3, random", "renderer": "our env (fast renderer), random",
               "envpool": "EnvPool CarRacing-v2, random", "stock_driving": "stock CarRacing-v3, expert replayed",
               "renderer_driving": "our env, expert replayed",
-              "envpool_driving": "EnvPool, expert's actions (its own tracks)"}  # fmt: skip
+              "envpool_driving": "EnvPool, expert's actions (its own tracks)",
+              "state_driving": "our env, state mode (no frame), expert replayed"}  # fmt: skip
 Episodes = list[tuple[int, np.ndarray]]  # (track seed, (T, 3) actions) per episode
 
 
@@ -125,8 +127,10 @@ def gym_loop(which: str, episodes: Episodes, limit: int) -> tuple[int, float, fl
 
     from sim_bridges.carracing import make_carracing
 
-    stock = which == "stock"
-    env = gym.make("CarRacing-v3", max_episode_steps=limit) if stock else make_carracing(max_episode_steps=limit)
+    if which == "stock":
+        env = gym.make("CarRacing-v3", max_episode_steps=limit)
+    else:
+        env = make_carracing("state" if which == "state" else "pixels", max_episode_steps=limit)
     try:
         return timed(lambda: _drive(env, episodes))
     finally:
@@ -170,7 +174,7 @@ def envpool_loop(actions: np.ndarray, cfg: Config) -> tuple[int, float, float] |
 
 
 def measure_envs(cfg: Config, console: Any) -> dict[str, Row]:
-    """The six env rows: `cfg.rounds` rounds alternating the envs' order, per action stream, summed per row."""
+    """The env rows: `cfg.rounds` rounds alternating the envs' order, per action stream, summed per row."""
     limit = cfg.max_episode_steps
     with console.status("recording the expert's driving ..."):
         driving = expert_episodes(cfg.expert, cfg.steps, cfg.first_seed, limit)
@@ -179,7 +183,8 @@ def measure_envs(cfg: Config, console: Any) -> dict[str, Row]:
     for r in range(cfg.rounds):
         streams = {"": random_episodes(cfg.steps, cfg.first_seed + r, cfg.first_seed, limit), "_driving": driving}
         for suffix, episodes in streams.items():
-            for env in ENV_ROWS[:3][:: 1 if r % 2 == 0 else -1]:
+            envs = ("stock", "renderer", "envpool") + (("state",) if suffix else ())
+            for env in envs[:: 1 if r % 2 == 0 else -1]:
                 key = env + suffix
                 if env == "envpool" and note:
                     continue

@@ -11,19 +11,8 @@ import numpy as np
 from drive.cli import main
 from drive.commands.bench import closedloop, closedloop_envs
 
-ROWS = (
-    "stock",
-    "renderer",
-    "envpool",
-    "stock_driving",
-    "renderer_driving",
-    "envpool_driving",
-    "collect1",
-    "collect2",
-    "eval_k1",
-    "eval_k2",
-    "eval2",
-)
+ROWS = ("stock", "renderer", "envpool", "stock_driving", "renderer_driving", "envpool_driving", "state_driving",
+        "collect1", "collect2", "eval_k1", "eval_k2", "eval2")  # fmt: skip
 
 
 def _stand_in(tmp_path, source: str) -> str:
@@ -53,13 +42,14 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     assert all(not r["skipped"] and r["steps"] > 0 and r["cpu_s"] > 0 for r in measured.values())
     assert results["rows"]["stock"]["steps"] == results["rows"]["renderer"]["steps"] == 16  # 2 rounds of 8
     driving = results["rows"]["renderer_driving"]["steps"]  # the expert's 8 steps (fewer if it leaves the field)
-    assert results["rows"]["stock_driving"]["steps"] == driving and 0 < driving <= 16
+    assert results["rows"]["stock_driving"]["steps"] == results["rows"]["state_driving"]["steps"] == driving
+    assert 0 < driving <= 16
     assert results["rows"]["collect1"]["steps"] == results["rows"]["collect2"]["steps"] == 12  # 2 episodes of 6
     assert results["rows"]["eval_k1"]["steps"] == 6 and results["rows"]["eval2"]["steps"] == 12
     assert results["best_envs"] in (1, 2) and results["rows"]["eval2"]["detail"]["envs"] == results["best_envs"]
     assert set(results["ratios"]) >= set(closedloop.TARGETS) and set(results["met"]) == set(closedloop.TARGETS)
-    no_envpool = ("renderer_over_envpool", "renderer_over_envpool_driving")
-    assert all(results["ratios"][k] is None and results["met"][k] is None for k in no_envpool)
+    no_envpool = ("renderer_over_envpool", "renderer_over_envpool_driving", "state_over_envpool_driving")
+    assert all(results["ratios"][k] is None and results["met"].get(k) is None for k in no_envpool)
     assert all(v is not None for k, v in results["ratios"].items() if k not in no_envpool)
     assert horizons == [0, 0, 0]  # the eval rows drive their episodes only: no uncounted calibration laps
     assert not any(str(v).startswith("/") for v in results["config"].values())  # no path of this machine
