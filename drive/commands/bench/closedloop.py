@@ -9,9 +9,12 @@ CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so
 skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
 expert's laps replayed open loop (drive/commands/bench/closedloop_envs.py says why both), in `--rounds` rounds that
 alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
-K = 1, 4, 16 cars per process (`--envs K`), and the best K again on 2 workers. Collect and eval rates count the whole
-run (worker start-up, policy building, shards written) over all its steps; eval without failure prediction, whose
-nominal calibration laps would cost CPU the rate does not count (`failure_horizon=0`).
+K = 1, 4, 16 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as start-up,
+one step of each env and a 3-step collect and eval: what a process pays once (imports, numba's kernels, pygame's
+font, checkpoints), which short timed rows would otherwise charge to their steps (EnvPool's subprocess likewise
+times its step loop only). Collect and eval rates then count the whole run (pool workers' start-up, policy
+building, shards written) over all its steps; eval without failure prediction, whose nominal calibration laps would
+cost CPU the rate does not count (`failure_horizon=0`).
 
 Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
 threads included): what a step costs, whatever else runs. Wall-clock rates are printed beside them and the 2-worker
@@ -22,6 +25,7 @@ like: collect drives exactly the replayed laps, eval the same tracks). A benchma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -33,7 +37,7 @@ from typing import Any
 
 from datasets.files import atomic_write
 from datasets.root import portable
-from drive.commands.bench.closedloop_envs import Row, measure_envs, timed
+from drive.commands.bench.closedloop_envs import Row, measure_envs, timed, warm_up
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
 from drive.options import NonNegativeInt, PositiveInt
@@ -86,6 +90,13 @@ def collect_row(cfg: Config, workers: int) -> Row:
         steps, wall, cpu = timed(lambda: collect(options, recorder_for).frames)
     return Row(f"collect {cfg.expert}, {workers} worker{'s' * (workers > 1)}", steps, wall, cpu,
                detail={"episodes": cfg.episodes, "workers": workers})  # fmt: skip
+
+
+def warm_up_loops(cfg: Config) -> float:
+    """CPU seconds of a 3-step collect and eval in this process: the imports, checkpoints and first calls a process
+    pays once, which would otherwise land in the first timed collect and eval rows."""
+    tiny = dataclasses.replace(cfg, episodes=1, max_episode_steps=3, eval_episodes=1, eval_max_episode_steps=3)
+    return collect_row(tiny, 1).cpu_s + eval_row(tiny, 1, 1).cpu_s
 
 
 def eval_row(cfg: Config, k: int, workers: int) -> Row:
@@ -174,6 +185,10 @@ def run(cfg: Config) -> int:
     cv2.setNumThreads(1)
     console = Console()
     load_before = os.getloadavg()[0]
+    with console.status("warming up (first-call costs, not timed) ..."):
+        start_up = {"envs_cpu_s": warm_up(cfg.max_episode_steps), "loops_cpu_s": warm_up_loops(cfg)}
+    console.print(f"start-up before the timed rows: {start_up['envs_cpu_s']:.1f} CPU-s (envs), "
+                  f"{start_up['loops_cpu_s']:.1f} CPU-s (collect and eval: imports, checkpoints)")  # fmt: skip
     rows: dict[str, Row] = dict(measure_envs(cfg, console))
     # each ratio's two rows run back to back: on a shared machine even CPU time per step drifts (2x in minutes, seen)
     plan: list[tuple[str, Callable[[], Row]]] = [
@@ -199,7 +214,7 @@ def run(cfg: Config) -> int:
                "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
     results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios, "targets": TARGETS,
-               "best_envs": best, "met": met,
+               "best_envs": best, "met": met, "start_up": start_up,
                "config": portable({k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}),
                "machine": machine}  # fmt: skip
     if cfg.out is not None:

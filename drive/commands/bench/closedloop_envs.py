@@ -122,15 +122,19 @@ def _drive(env: Any, episodes: Episodes) -> int:
     return n
 
 
-def gym_loop(which: str, episodes: Episodes, limit: int) -> tuple[int, float, float]:
+def gym_loop_env(which: str, limit: int) -> Any:
+    """stock: gymnasium's CarRacing-v3; renderer: our pixel env; state: our env in state mode."""
     import gymnasium as gym
 
     from sim_bridges.carracing import make_carracing
 
     if which == "stock":
-        env = gym.make("CarRacing-v3", max_episode_steps=limit)
-    else:
-        env = make_carracing("state" if which == "state" else "pixels", max_episode_steps=limit)
+        return gym.make("CarRacing-v3", max_episode_steps=limit)
+    return make_carracing("state" if which == "state" else "pixels", max_episode_steps=limit)
+
+
+def gym_loop(which: str, episodes: Episodes, limit: int) -> tuple[int, float, float]:
+    env = gym_loop_env(which, limit)
     try:
         return timed(lambda: _drive(env, episodes))
     finally:
@@ -171,6 +175,14 @@ def envpool_loop(actions: np.ndarray, cfg: Config) -> tuple[int, float, float] |
         return f"{python} failed (exit {done.returncode}): {done.stderr.decode().strip()[-300:]}"
     got = json.loads(lines[-1])
     return got["skipped"] if "skipped" in got else (int(got["steps"]), float(got["wall_s"]), float(got["cpu_s"]))
+
+
+def warm_up(limit: int) -> float:
+    """CPU seconds of one step of stock gymnasium and of our env, each in a new env: pygame's font, numba's kernels
+    loaded from their cache (or compiled), first-call costs the timed rows should not carry (EnvPool's subprocess
+    times its step loop only, after its import and env construction)."""
+    return timed(lambda: sum(_drive(gym_loop_env(which, limit), random_episodes(1, 0, 0, limit))
+                             for which in ("stock", "renderer")))[2]  # fmt: skip
 
 
 def measure_envs(cfg: Config, console: Any) -> dict[str, Row]:

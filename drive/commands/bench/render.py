@@ -1,8 +1,11 @@
 """Quick figures for the fast CarRacing renderer: per-frame render time vs stock on identical states, and steps/s.
 
-Run `drive bench render [--steps N] [--seed S] [--profile]`. Frames are timed interleaved on the
+Run `drive bench render [--steps N] [--seed S] [--profile] [--breakdown]`. Frames are timed interleaved on the
 same env state (stock `_render("state_pixels")`, then ours, alternating which goes first), and medians of
-CPU time are reported, so a busy shared machine skews both sides alike. Not a test: nothing here asserts a speed.
+CPU time are reported, so a busy shared machine skews both sides alike. `--breakdown` times where a step of our env
+goes, stage by stage (wall-clock timers around the kernels, ~0.3 us each; nested stages are included in their
+parent's figure), while the PPO expert drives `--steps` steps from track `--seed`. Not a test: nothing here asserts
+a speed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class Config:
     """track seed"""
     profile: bool = False
     """also print a cProfile of the fast step loop"""
+    breakdown: bool = False
+    """also print where a step of our env goes, stage by stage, while the PPO expert drives"""
 
 
 def _actions(n: int, seed: int) -> list[np.ndarray]:
@@ -91,6 +96,67 @@ def steps_per_second(n_steps: int, seed: int, mode: str) -> float:
     return n_steps / (time.perf_counter() - t0)
 
 
+# (depth, label, module, attribute): the stages `breakdown` times, in the order a step runs them
+STAGES = (
+    (0, "env step (drive/CarRacing-v0)", "sim_bridges.carracing", "CarRacingBridge.step"),
+    (1, "gymnasium step: physics, reward, frame", "gymnasium.envs.box2d.car_racing", "CarRacing.step"),
+    (2, "car dynamics (Python)", "gymnasium.envs.box2d.car_dynamics", "Car.step"),
+    (2, "frame (render_state_pixels)", "sim_bridges.fast_render", "render_state_pixels"),
+    (3, "culling and view maths", "sim_bridges.view", "visible_polygons"),
+    (3, "world: fills and anti-aliased edges", "sim_bridges.raster", "draw_world"),
+    (3, "car: vertices", "sim_bridges.view", "car_screen"),
+    (3, "car: fills", "sim_bridges.raster_car", "draw_car"),
+    (3, "X shrink, world and bar rows", "sim_bridges.shrink", "shrink_rows"),
+    (3, "indicator bar and score (its X shrink counted above too)", "sim_bridges.indicators", "shrink_bar"),
+    (3, "Y shrink", "sim_bridges.shrink", "shrink_columns"),
+    (1, "privileged state", "sim_bridges.carracing", "CarRacingBridge.privileged_state"),
+)
+
+
+def breakdown(n_steps: int, seed: int) -> list[tuple[int, str, float]]:
+    """Mean wall microseconds per env step of each stage in `STAGES` while the PPO expert drives."""
+    import importlib
+
+    from drive.loop.specs import load_expert
+    from sim_bridges.carracing import make_carracing
+
+    spent = [0] * len(STAGES)
+    patched = []
+
+    def timer(i: int, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[i] += time.perf_counter_ns() - t0
+
+        return timed
+
+    for i, (_, _, module, attr) in enumerate(STAGES):
+        owner = importlib.import_module(module)
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        patched.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, timer(i, owner.__dict__[name]))
+    try:
+        expert, env = load_expert("ppo"), make_carracing()
+        _, info = env.reset(seed=seed)  # compiles or loads the kernels: not counted
+        spent[:] = [0] * len(STAGES)
+        steps = 0
+        while steps < n_steps:
+            _, _, terminated, truncated, info = env.step(expert.act(info["state"]))
+            steps += 1
+            if terminated or truncated:
+                _, info = env.reset(seed=seed + steps)
+        env.close()
+    finally:
+        for owner, name, fn in patched:
+            setattr(owner, name, fn)
+    return [(depth, label, spent[i] / steps / 1e3) for i, (depth, label, _, _) in enumerate(STAGES)]
+
+
 def run(cfg: Config) -> int:
     print(f"first fast frame (numba compile or cache load): {first_frame_seconds(cfg.seed):.2f} s")
     stock, fast = frame_times(cfg.steps, cfg.seed)
@@ -105,4 +171,8 @@ def run(cfg: Config) -> int:
         steps_per_second(cfg.steps, cfg.seed, "fast")
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    if cfg.breakdown:
+        print(f"where a step goes (us per step, mean of {cfg.steps} steps of the PPO expert from seed {cfg.seed}):")
+        for depth, label, us in breakdown(cfg.steps, cfg.seed):
+            print(f"  {'  ' * depth}{label:<{50 - 2 * depth}} {us:8.1f}")
     return 0

@@ -51,7 +51,8 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     no_envpool = ("renderer_over_envpool", "renderer_over_envpool_driving", "state_over_envpool_driving")
     assert all(results["ratios"][k] is None and results["met"].get(k) is None for k in no_envpool)
     assert all(v is not None for k, v in results["ratios"].items() if k not in no_envpool)
-    assert horizons == [0, 0, 0]  # the eval rows drive their episodes only: no uncounted calibration laps
+    assert horizons == [0, 0, 0, 0]  # warm-up and eval rows drive their episodes only: no uncounted calibration laps
+    assert results["start_up"]["envs_cpu_s"] > 0 and results["start_up"]["loops_cpu_s"] > 0
     assert not any(str(v).startswith("/") for v in results["config"].values())  # no path of this machine
 
 
