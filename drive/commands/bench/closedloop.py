@@ -7,7 +7,7 @@
 Rows: gymnasium's stock CarRacing-v3 (pygame renderer), our pixel env (`make_carracing`, fast renderer) and EnvPool's
 CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so it may live in another venv, and
 skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
-expert's laps replayed open loop (drive/commands/bench/closedloop_envs.py says why both), in `--rounds` rounds that
+expert's laps replayed open loop (drive/studies/closedloop_envs.py says why both), in `--rounds` rounds that
 alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
 K = 1, 4, 16 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as start-up,
 one step of each env and a 3-step collect and eval: what a process pays once (imports, numba's kernels, pygame's
@@ -37,10 +37,10 @@ from typing import Any
 
 from datasets.files import atomic_write
 from datasets.root import portable
-from drive.commands.bench.closedloop_envs import Row, measure_envs, timed, warm_up
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
 from drive.options import NonNegativeInt, PositiveInt
+from drive.studies.closedloop_envs import Row, measure_envs, timed, warm_up
 
 TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_best_over_renderer": 0.8,
            "collect2_over_collect1": 1.7, "renderer_over_envpool_driving": 1.0,

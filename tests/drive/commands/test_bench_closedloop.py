@@ -9,7 +9,8 @@ import sys
 import numpy as np
 
 from drive.cli import main
-from drive.commands.bench import closedloop, closedloop_envs
+from drive.commands.bench import closedloop
+from drive.studies import closedloop_envs
 
 ROWS = ("stock", "renderer", "envpool", "stock_driving", "renderer_driving", "envpool_driving", "state_driving",
         "collect1", "collect2", "eval_k1", "eval_k2", "eval2")  # fmt: skip

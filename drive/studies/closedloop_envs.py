@@ -21,12 +21,9 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from drive.commands.bench.closedloop import Config
 
 ENV_ROWS = ("stock", "renderer", "envpool", "stock_driving", "renderer_driving", "envpool_driving", "state_driving")
 ENV_LABELS = {"stock": "stock CarRacing-v3, random", "renderer": "our env (fast renderer), random",
@@ -35,6 +32,17 @@ ENV_LABELS = {"stock": "stock CarRacing-v3, random", "renderer": "our env (fast 
               "envpool_driving": "EnvPool, expert's actions (its own tracks)",
               "state_driving": "our env, state mode (no frame), expert replayed"}  # fmt: skip
 Episodes = list[tuple[int, np.ndarray]]  # (track seed, (T, 3) actions) per episode
+
+
+class Config(Protocol):
+    """What these rows read of `drive bench closedloop`'s Config."""
+
+    steps: int
+    rounds: int
+    max_episode_steps: int
+    first_seed: int
+    expert: str
+    envpool_python: str | None
 
 
 @dataclass(frozen=True)
