@@ -3,12 +3,11 @@ same two action streams -- random actions, and the expert's driving replayed ope
 
 Random actions (gas and brake both uniform) mostly leave the car crawling near the start; the expert drives the lap
 at speed, with other frames to draw (what `drive collect` and `drive eval` see), so their ratios are given against
-the driving rows too.
-The expert's actions are recorded once in a state-mode env (same physics, no frames), episode by episode on the
-collect rows' seeds; replayed in stock gymnasium or our env they drive the very same laps (the physics is
-gymnasium's, bit for bit). EnvPool builds other tracks from a seed, so there the same actions are only a similar
-driving load (its row is labelled so). Our env in state mode on the same laps (physics, reward and privileged state,
-no frame drawn) is the floor under every pixel row: what a step costs before any drawing.
+the driving rows too. The expert's actions are recorded once in a state-mode env (same physics, no frames), episode
+by episode on the collect rows' seeds; replayed in stock gymnasium or our env they drive the very same laps (the
+physics is gymnasium's, bit for bit). EnvPool builds other tracks from a seed, so there the same actions are only a
+similar driving load (its row is labelled so). Our env in state mode on the same laps (physics, reward and
+privileged state, no frame drawn) is the floor under every pixel row: what a step costs before any drawing.
 """
 
 from __future__ import annotations
@@ -189,8 +188,17 @@ def warm_up(limit: int) -> float:
     """CPU seconds of one step of stock gymnasium and of our env, each in a new env: pygame's font, numba's kernels
     loaded from their cache (or compiled), first-call costs the timed rows should not carry (EnvPool's subprocess
     times its step loop only, after its import and env construction)."""
-    return timed(lambda: sum(_drive(gym_loop_env(which, limit), random_episodes(1, 0, 0, limit))
-                             for which in ("stock", "renderer")))[2]  # fmt: skip
+
+    def one_step_each() -> int:
+        for which in ("stock", "renderer"):
+            env = gym_loop_env(which, limit)
+            try:
+                _drive(env, random_episodes(1, 0, 0, limit))
+            finally:
+                env.close()
+        return 2
+
+    return timed(one_step_each)[2]
 
 
 def measure_envs(cfg: Config, console: Any) -> dict[str, Row]:
