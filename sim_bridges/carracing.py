@@ -41,6 +41,8 @@ from gymnasium import spaces
 from gymnasium.envs.box2d.car_racing import TRACK_WIDTH, CarRacing
 from gymnasium.wrappers import TimeLimit
 
+from sim_bridges import track_frame
+
 log = logging.getLogger(__name__)
 
 TRACK_HALF_WIDTH = float(TRACK_WIDTH)  # 6.67 m: tiles span +-TRACK_WIDTH around the centreline
@@ -109,13 +111,10 @@ class CarRacingBridge(CarRacing):
 
     def _project(self, pos):
         """Closest point on the closed centreline: (segment index, arc length s, lateral offset + left)."""
-        rel = pos[None, :] - self._pts  # (N, 2)
-        u = np.clip((rel * self._seg).sum(1) / self._seg_len2, 0.0, 1.0)  # (N,)
-        d = rel - u[:, None] * self._seg  # (N, 2) from the closest point of each segment to the car
-        i = int(np.argmin((d * d).sum(1)))
-        cross = self._seg[i, 0] * d[i, 1] - self._seg[i, 1] * d[i, 0]  # + when the car is left of the segment
-        offset = math.hypot(d[i, 0], d[i, 1]) * (1.0 if cross >= 0 else -1.0)
-        return i, float(self._cum[i] + u[i] * self._seg_len[i]), offset
+        i, u, d0, d1 = track_frame.closest_point(pos[0], pos[1], self._pts, self._seg, self._seg_len2)
+        cross = self._seg[i, 0] * d1 - self._seg[i, 1] * d0  # + when the car is left of the segment
+        offset = math.hypot(d0, d1) * (1.0 if cross >= 0 else -1.0)
+        return i, float(self._cum[i] + u * self._seg_len[i]), offset
 
     def privileged_state(self) -> np.ndarray:
         car = self.car
@@ -140,14 +139,9 @@ class CarRacingBridge(CarRacing):
             self.tile_visited_count / len(self.track),
             *self._prev_action.tolist(),
         ]
-        # look-ahead samples, all at once: the point at arc length s + d on the polyline, in the car frame
-        sd = (s + self._lookahead) % self._lap_len  # (K,)
-        j = np.minimum(np.searchsorted(self._cum, sd, side="right") - 1, len(self._pts) - 1)  # (K,)
-        p = self._pts[j] + ((sd - self._cum[j]) / self._seg_len[j])[:, None] * self._seg[j] - pos  # (K, 2)
-        ahead = out[LOOKAHEAD_START:].reshape(-1, 3)  # (K, 3) view
-        ahead[:, 0] = p[:, 0] * cos_h + p[:, 1] * sin_h
-        ahead[:, 1] = -p[:, 0] * sin_h + p[:, 1] * cos_h
-        ahead[:, 2] = _wrap(self._seg_dir[j] - heading)
+        ahead = out[LOOKAHEAD_START:].reshape(-1, 3)  # (K, 3) view: (x, y, direction) of each look-ahead point
+        track_frame.lookahead(s, self._lookahead, self._lap_len, self._cum, self._pts, self._seg, self._seg_len,
+                              self._seg_dir, pos[0], pos[1], heading, cos_h, sin_h, ahead)  # fmt: skip
         return out.astype(np.float32)
 
     def _info(self, base_info):
