@@ -107,7 +107,7 @@ STAGES = (
     (3, "car: vertices", "sim_bridges.view", "car_screen"),
     (3, "car: fills", "sim_bridges.raster_car", "draw_car"),
     (3, "X shrink, world and bar rows", "sim_bridges.shrink", "shrink_rows"),
-    (3, "indicator bar and score (its X shrink counted above too)", "sim_bridges.indicators", "shrink_bar"),
+    (3, "bar and score (their X shrink also above)", "sim_bridges.indicators", "shrink_bar"),
     (3, "Y shrink", "sim_bridges.shrink", "shrink_columns"),
     (1, "privileged state", "sim_bridges.carracing", "CarRacingBridge.privileged_state"),
 )
