@@ -7,6 +7,7 @@ guaranteed to be there, so its absence is a failure, not a skip.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,12 @@ SHARED_DATA = Path(os.environ.get("DRIVE_DATA_ROOT", REPO.parent / "shared" / "d
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
+# A shell without job control starts background commands with SIGINT ignored, and the commands rightly keep it so
+# (drive/loop/pool.py DeferredInterrupt); the Ctrl-C tests check what an interactive user gets, so the suite runs
+# with Python's default handler, which processes it starts inherit as the default action.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

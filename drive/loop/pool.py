@@ -158,11 +158,14 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     """Drop the tasks not started and kill the workers, so nothing runs on after the caller gives up. An episode in
     flight is lost: its shard is written atomically (a killed write leaves a temp file the next run removes)."""
     processes = list((getattr(pool, "_processes", None) or {}).values())  # the stdlib has no public kill before 3.14
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.kill()
     for process in processes:
         process.join(timeout=5)
+    if manager is not None:  # let it finish closing its wake-up pipe: CPython 3.11's exit hook writes to that pipe
+        manager.join(timeout=5)  # unlocked, and a close racing it printed an OSError traceback after Ctrl-C
 
 
 @contextmanager
