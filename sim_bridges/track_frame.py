@@ -4,8 +4,9 @@ look-ahead points in the car frame.
 Each kernel performs the same IEEE operations, in the same order, as the numpy expressions it replaced (numba
 neither fuses a multiply and an add nor reorders float maths without fastmath), so the state is bit-identical; the
 numpy versions are kept as the reference in tests/sim_bridges/test_track_frame.py, which compares both on random
-poses of real tracks. Why: those numpy expressions cost ~15 small array operations per step, about half of a
-state-mode step, the mode PPO trains in (`drive bench render --breakdown` times the privileged state).
+poses of real tracks. Why: those numpy expressions were ~15 small array operations per step, whose call overhead
+outweighs their arithmetic, on every step of the state mode PPO trains in (`drive bench render --breakdown` times
+the privileged state).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ ENV_LABELS = {"stock": "stock CarRacing-v3, random", "renderer": "our env (fast 
 Episodes = list[tuple[int, np.ndarray]]  # (track seed, (T, 3) actions) per episode
 
 
-class Config(Protocol):
+class EnvRowsConfig(Protocol):
     """What these rows read of `drive bench closedloop`'s Config."""
 
     steps: int
@@ -116,7 +116,7 @@ def expert_episodes(expert: str, n: int, first_seed: int, limit: int) -> Episode
     return episodes
 
 
-def _drive(env: Any, episodes: Episodes) -> int:
+def replay(env: Any, episodes: Episodes) -> int:
     """Replay each episode's actions from its seed (an env that ends an episode sooner moves on); steps taken."""
     n = 0
     for seed, actions in episodes:
@@ -143,7 +143,7 @@ def gym_loop_env(which: str, limit: int) -> Any:
 def gym_loop(which: str, episodes: Episodes, limit: int) -> tuple[int, float, float]:
     env = gym_loop_env(which, limit)
     try:
-        return timed(lambda: _drive(env, episodes))
+        return timed(lambda: replay(env, episodes))
     finally:
         env.close()
 
@@ -169,7 +169,7 @@ print(json.dumps({"steps": len(actions), "wall_s": time.perf_counter() - wall, "
 """
 
 
-def envpool_loop(actions: np.ndarray, cfg: Config) -> tuple[int, float, float] | str:
+def envpool_loop(actions: np.ndarray, cfg: EnvRowsConfig) -> tuple[int, float, float] | str:
     """(steps, wall s, CPU s) of EnvPool in `--envpool-python`, or why it did not run."""
     python = cfg.envpool_python or sys.executable
     try:
@@ -193,7 +193,7 @@ def warm_up(limit: int) -> float:
         for which in ("stock", "renderer"):
             env = gym_loop_env(which, limit)
             try:
-                _drive(env, random_episodes(1, 0, 0, limit))
+                replay(env, random_episodes(1, 0, 0, limit))
             finally:
                 env.close()
         return 2
@@ -201,7 +201,7 @@ def warm_up(limit: int) -> float:
     return timed(one_step_each)[2]
 
 
-def measure_envs(cfg: Config, console: Any) -> dict[str, Row]:
+def measure_envs(cfg: EnvRowsConfig, console: Any) -> dict[str, Row]:
     """The env rows: `cfg.rounds` rounds alternating the envs' order, per action stream, summed per row."""
     limit = cfg.max_episode_steps
     with console.status("recording the expert's driving ..."):

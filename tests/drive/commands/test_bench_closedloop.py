@@ -91,7 +91,7 @@ def test_the_experts_laps_replay_the_same_in_stock_gymnasium_and_our_env():
     poses = []
     for env in (gym.make("CarRacing-v3", max_episode_steps=60), make_carracing(max_episode_steps=60),
                 make_carracing("state", max_episode_steps=60)):  # fmt: skip
-        assert closedloop_envs._drive(env, episodes) == 90
+        assert closedloop_envs.replay(env, episodes) == 90
         car = env.unwrapped.car
         poses.append((*car.hull.position, car.hull.angle, env.unwrapped.tile_visited_count))
     assert poses[0] == poses[1] == poses[2]
