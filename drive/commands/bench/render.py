@@ -157,6 +157,35 @@ def breakdown(n_steps: int, seed: int) -> list[tuple[int, str, float]]:
     return [(depth, label, spent[i] / steps / 1e3) for i, (depth, label, _, _) in enumerate(STAGES)]
 
 
+def coding_times(n_steps: int, seed: int) -> tuple[list[float], list[float]]:
+    """CPU seconds per frame of the `full` coding (datasets/area_gray.py) and of the cv2 calls it equals, each on
+    the same frames of our env (random actions), interleaved."""
+    import cv2
+
+    from datasets.frames import code_full
+    from drive.loop.envs import make_env
+
+    cv2.setNumThreads(1)  # one core, as the closed loop's workers
+    env = make_env("carracing", max_episode_steps=n_steps + 1)
+    env.reset(seed=seed)
+    frames = [np.ascontiguousarray(env.step(a)[0]) for a in _actions(n_steps, seed)]
+    env.close()
+    ours, theirs = [], []
+    code_full(frames[0])  # numba's kernel loaded
+    for rgb in frames:
+        for times, code in ((ours, code_full), (theirs, cv2_full)):
+            t0 = time.process_time()
+            code(rgb)
+            times.append(time.process_time() - t0)
+    return ours, theirs
+
+
+def cv2_full(rgb: np.ndarray) -> np.ndarray:
+    import cv2
+
+    return cv2.cvtColor(cv2.resize(rgb, (84, 84), interpolation=cv2.INTER_AREA), cv2.COLOR_RGB2GRAY)
+
+
 def run(cfg: Config) -> int:
     print(f"first fast frame (numba compile or cache load): {first_frame_seconds(cfg.seed):.2f} s")
     stock, fast = frame_times(cfg.steps, cfg.seed)
@@ -165,6 +194,9 @@ def run(cfg: Config) -> int:
     rates = {mode: steps_per_second(cfg.steps, cfg.seed, mode) for mode in ("stock", "fast", "physics")}
     print(f"env steps/s: stock {rates['stock']:.0f}, fast {rates['fast']:.0f} (x{rates['fast'] / rates['stock']:.2f}),"
           f" physics only {rates['physics']:.0f}")  # fmt: skip
+    ours, theirs = (1e6 * statistics.median(t) for t in coding_times(cfg.steps, cfg.seed))
+    print(f"frame coding to 84x84 gray (median of {cfg.steps}): ours {ours:.1f} us, cv2 resize + cvtColor "
+          f"{theirs:.1f} us, x{theirs / ours:.2f}")  # fmt: skip
     if cfg.profile:
         profiler = cProfile.Profile()
         profiler.enable()

@@ -1,0 +1,88 @@
+"""The `full` frame coding in one numba pass, bit for bit what OpenCV computes.
+
+`cv2.cvtColor(cv2.resize(rgb96, (84, 84), interpolation=cv2.INTER_AREA), cv2.COLOR_RGB2GRAY)` on a (96, 96, 3)
+uint8 frame, which `drive collect`, `drive eval` and every closed-loop step run once per frame, computed as OpenCV
+5's general area resize (`ResizeArea_Invoker`, the path for a non-integer scale, 96 / 84) and its RGB -> gray
+conversion do:
+
+- the tap tables of `computeResizeAreaTab` (double maths, weights rounded to float32; for 96 -> 84 every output
+  pixel reads exactly two source pixels per axis);
+- per source row, the horizontal sum ``buf = s0 * a0 + s1 * a1`` in float32, in tap order;
+- per output row, ``sum = beta0 * buf_row0``, then ``sum += beta1 * buf_row1`` (float32, no fused multiply-add),
+  rounded half to even and saturated to uint8 (``saturate_cast<uchar>``);
+- gray ``(R * 9798 + G * 19235 + B * 3735 + 2**14) >> 15`` (OpenCV's 15-bit fixed-point ITU-R 601 weights).
+
+Why not cv2: on one core it spent ~50 us per frame in the two calls; this kernel ~20 us (`drive bench render`
+prints both), ~4 % of a closed-loop step. Exactness is tested, not assumed: tests/datasets/test_area_gray.py
+compares it with cv2 on random and palette frames and on real CarRacing frames, and the gray formula with cv2 on all
+2**24 colours; should another OpenCV round differently, that test fails and `code_full` must go back to cv2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+SRC, DST = 96, 84
+GRAY_R, GRAY_G, GRAY_B, GRAY_SHIFT = 9798, 19235, 3735, 15  # OpenCV's RGB2GRAY for uint8
+
+
+def area_taps(ssize: int, dsize: int) -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV's `computeResizeAreaTab` as per output pixel (index, weight) pairs: (dsize, 2) int64 and float32.
+    Only for scales where every output pixel reads exactly two source pixels (96 -> 84 does)."""
+    scale = 1.0 / (dsize / ssize)  # OpenCV: 1 / inv_scale, inv_scale = dsize / ssize
+    index, weight = [[] for _ in range(dsize)], [[] for _ in range(dsize)]
+    for dx in range(dsize):
+        fsx1 = dx * scale
+        fsx2 = fsx1 + scale
+        cell = min(scale, ssize - fsx1)
+        sx2 = min(math.floor(fsx2), ssize - 1)
+        sx1 = min(math.ceil(fsx1), sx2)
+        if sx1 - fsx1 > 1e-3:
+            index[dx].append(sx1 - 1)
+            weight[dx].append(np.float32((sx1 - fsx1) / cell))
+        for sx in range(sx1, sx2):
+            index[dx].append(sx)
+            weight[dx].append(np.float32(1.0 / cell))
+        if fsx2 - sx2 > 1e-3:
+            index[dx].append(sx2)
+            weight[dx].append(np.float32(min(min(fsx2 - sx2, 1.0), cell) / cell))
+    if any(len(taps) != 2 for taps in index):
+        raise ValueError(f"area_taps: {ssize} -> {dsize} has output pixels with other than two taps")
+    return np.array(index, np.int64), np.array(weight, np.float32)
+
+
+TAP_INDEX, TAP_WEIGHT = area_taps(SRC, DST)  # (84, 2) each: the same for rows and columns (square frame)
+# per element e = 3 * dx + c of a resized row: the flat source positions and weights of its two taps
+_I0, _I1 = ((TAP_INDEX[:, t, None] * 3 + np.arange(3)).ravel() for t in (0, 1))  # (252,) each
+_W0, _W1 = (np.repeat(TAP_WEIGHT[:, t], 3) for t in (0, 1))  # (252,) float32 each
+
+
+@njit(cache=True, boundscheck=False)
+def _area_gray(src, i0, w0, i1, w1, taps, weights, rows, out):
+    """src (96, 96 * 3) uint8 -> out (84, 84) uint8 gray; rows (96, 252) float32 scratch."""
+    n = i0.shape[0]
+    for sy in range(src.shape[0]):  # horizontal pass of every source row
+        s, h = src[sy], rows[sy]
+        for e in range(n):
+            h[e] = np.float32(s[i0[e]]) * w0[e] + np.float32(s[i1[e]]) * w1[e]
+    rgb = np.empty(n, np.int32)
+    for dy in range(out.shape[0]):  # vertical pass, rounding, gray
+        a, b = rows[taps[dy, 0]], rows[taps[dy, 1]]
+        wa, wb = weights[dy, 0], weights[dy, 1]
+        for e in range(n):
+            v = np.rint(wa * a[e] + wb * b[e])
+            rgb[e] = np.int32(min(np.float32(255.0), max(np.float32(0.0), v)))
+        for dx in range(out.shape[1]):
+            r, g, bl = rgb[3 * dx], rgb[3 * dx + 1], rgb[3 * dx + 2]
+            out[dy, dx] = (r * GRAY_R + g * GRAY_G + bl * GRAY_B + (1 << (GRAY_SHIFT - 1))) >> GRAY_SHIFT
+    return out
+
+
+def area_gray(rgb96: np.ndarray) -> np.ndarray:
+    """(96, 96, 3) uint8 C-contiguous RGB -> (84, 84) uint8 gray, as cv2's INTER_AREA resize then RGB2GRAY."""
+    rows = np.empty((SRC, 3 * DST), np.float32)
+    out = np.empty((DST, DST), np.uint8)
+    return _area_gray(rgb96.reshape(SRC, SRC * 3), _I0, _W0, _I1, _W1, TAP_INDEX, TAP_WEIGHT, rows, out)
