@@ -8,7 +8,8 @@ on the privileged state vector of `sim_bridges.carracing`. What is exported is e
     a      = clip(W_out . mlp(z) + b_out, -1, 1)                                    Gaussian mean, SB3's Box clip
     action = to_env_action(a, speed)                                               (steer, pedal) -> 3-vector
 
-`to_env_action` is the policy's action parametrisation, used by training too so the two can never disagree.
+`to_env_action` is the policy's action parametrisation, used by training too so the two can never disagree (on
+tensors there, on numpy arrays in `PPOExpert`, which acts without torch: its docstring says why).
 One pedal axis instead of separate gas and brake (pressing both is never useful and doubles the exploration noise):
 - 'accel': gas when positive, brake (times `brake_scale`) when negative.
 - 'speed': the axis is a target speed in [v_min, v_max] that a proportional servo tracks with gas or brake.
@@ -20,12 +21,15 @@ One pedal axis instead of separate gas and brake (pressing both is never useful 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
+from numba import njit
 from torch import Tensor, nn
 
 POLICY_ACTION_DIM = 2  # (steer, accel) in [-1, 1]
+Array = TypeVar("Array", Tensor, np.ndarray)
 
 
 @dataclass(frozen=True)
@@ -64,19 +68,22 @@ class PPOPolicyConfig:
         return cls(**{**data, "hidden": tuple(data["hidden"])})
 
 
-def to_env_action(a: Tensor, speed: Tensor, cfg: PPOPolicyConfig) -> Tensor:
-    """(B, 2) policy action (steer, pedal) and (B,) speed in m/s -> (B, 3) env action (steer, gas, brake)."""
-    a = a.clamp(-1.0, 1.0)
+def to_env_action(a: Array, speed: Array, cfg: PPOPolicyConfig) -> Array:
+    """(B, 2) policy action (steer, pedal) and (B,) speed in m/s -> (B, 3) env action (steer, gas, brake).
+    Torch tensors (training) or float32 numpy arrays (`PPOExpert`): the same float32 operations, the same bits."""
+    a = a.clip(-1.0, 1.0)
     steer, u = a[:, 0], a[:, 1]
     if cfg.action_mode == "accel":
-        gas, brake = u.clamp(min=0.0), cfg.brake_scale * (-u).clamp(min=0.0)
+        gas, brake = u.clip(min=0.0), cfg.brake_scale * (-u).clip(min=0.0)
     elif cfg.action_mode == "speed":
         target = cfg.v_min + 0.5 * (u + 1.0) * (cfg.v_max - cfg.v_min)  # (B,)
-        gas = (cfg.k_gas * (target - speed)).clamp(0.0, 1.0)
-        brake = (cfg.k_brake * (speed - target)).clamp(0.0, cfg.brake_scale)
+        gas = (cfg.k_gas * (target - speed)).clip(0.0, 1.0)
+        brake = (cfg.k_brake * (speed - target)).clip(0.0, cfg.brake_scale)
     else:
         raise ValueError(f"action_mode must be 'accel' or 'speed', got {cfg.action_mode!r}")
-    return torch.stack([steer, gas, brake], dim=-1)
+    if isinstance(a, Tensor):
+        return torch.stack([steer, gas, brake], dim=-1)  # type: ignore[list-item]
+    return np.stack([steer, gas, brake], axis=-1)
 
 
 _ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -113,18 +120,70 @@ class PPOPolicy(nn.Module):
         return to_env_action(self.policy_action(state), state[:, self.cfg.speed_index], self.cfg)
 
 
+@njit(cache=True, boundscheck=False)
+def _dense(x, wt, b, out):  # pragma: no cover - compiled
+    """out (K, O) = x (K, I) @ wt (I, O) + b; per row, the sum runs over inputs in order (vectorised over outputs),
+    so a row's result never depends on the other rows."""
+    for r in range(x.shape[0]):
+        acc = out[r]
+        acc[:] = 0.0
+        for i in range(wt.shape[0]):
+            xi, w = x[r, i], wt[i]
+            for j in range(wt.shape[1]):
+                acc[j] += w[j] * xi
+        for j in range(wt.shape[1]):
+            acc[j] += b[j]
+    return out
+
+
+def _tanh(x: np.ndarray) -> np.ndarray:
+    return np.tanh(x, out=x)
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0, out=x)
+
+
+_ACTIVATION_FN = {"tanh": _tanh, "relu": _relu}
+
+
 class PPOExpert:
-    """Expert interface: `reset()`, `act(state) -> (3,) float32`. Stateless: the policy is a function of the state."""
+    """Expert interface: `reset()`, `act(state) -> (3,) float32`. Stateless: the policy is a function of the state.
+
+    Acting runs the policy's forward (its weights as of construction) in float32 numpy and one numba kernel per
+    layer, not through torch. Why: the closed loop asks for one action per car-step between two frames, and torch's
+    dispatch of eight small ops, in caches the renderer has just evicted, cost 100-190 us per step in `drive
+    collect` (`drive bench closedloop`'s collect rows before and after). Each row is computed alone, so K cars'
+    states in one `act_many` call (drive/loop/lanes.py) get what each gets alone, bit for bit. Departure from
+    `PPOPolicy.forward`, which is what SB3 computes: the matrix products sum in another order and tanh is numpy's,
+    so actions differ in the last bits (below 1e-5; tests/agents/test_experts.py).
+    """
 
     def __init__(self, policy: PPOPolicy):
         self.policy = policy.eval()
+        cfg = policy.cfg
+        linears = [m for m in policy.policy_net if isinstance(m, nn.Linear)] + [policy.action_net]
+        self._layers = [(np.ascontiguousarray(m.weight.detach().cpu().numpy().T, np.float32),
+                         m.bias.detach().cpu().numpy().astype(np.float32)) for m in linears]  # fmt: skip
+        self._mean = policy.obs_mean.detach().cpu().numpy().astype(np.float32)  # type: ignore[operator]
+        self._std = np.sqrt(policy.obs_var.detach().cpu().numpy().astype(np.float32) + cfg.obs_eps)  # type: ignore[operator]
+        self._activation = _ACTIVATION_FN[cfg.activation]  # elementwise, numpy's float32 kernels
 
     def reset(self) -> None:
         pass
 
-    @torch.no_grad()
     def act(self, state: np.ndarray) -> np.ndarray:
-        state = np.asarray(state, dtype=np.float32)
-        if state.shape != (self.policy.cfg.obs_dim,):
-            raise ValueError(f"PPO expert expects a state of shape ({self.policy.cfg.obs_dim},), got {state.shape}")
-        return self.policy(torch.from_numpy(state)[None])[0].numpy().astype(np.float32)
+        return self.act_many(np.asarray(state, dtype=np.float32)[None])[0]
+
+    def act_many(self, states: np.ndarray) -> np.ndarray:
+        """(K, obs_dim) states -> (K, 3) float32 env actions, each row what that state gets alone."""
+        cfg = self.policy.cfg
+        states = np.asarray(states, dtype=np.float32)
+        if states.ndim != 2 or states.shape[1] != cfg.obs_dim:
+            raise ValueError(f"PPO expert expects a state of shape ({cfg.obs_dim},), got {states.shape[1:]}")
+        x = ((states - self._mean) / self._std).clip(-cfg.clip_obs, cfg.clip_obs)  # (K, obs_dim)
+        for n, (wt, b) in enumerate(self._layers):
+            x = _dense(x, wt, b, np.empty((len(x), wt.shape[1]), np.float32))  # (K, width)
+            if n < len(self._layers) - 1:
+                x = self._activation(x)
+        return to_env_action(x.clip(-1.0, 1.0), states[:, cfg.speed_index], cfg).astype(np.float32)  # (K, 3)

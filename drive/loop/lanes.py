@@ -4,9 +4,13 @@
   one generator per lane (`LaneGenerators`), per lane its prediction, internals (taken from the batch only when
   read) and the call's latency. A lane's prediction is the one it gets alone, bit for bit
   (tests/drive/loop/test_lanes.py), so records do not depend on K.
+- `expert_lanes`: the experts' actions on the lanes' states, one forward for the lanes sharing a PPO expert (rows
+  padded the same way, agents/experts/ppo.py), so `drive collect --envs K` and the shadow experts of `drive eval`
+  pay one expert call per step, not K.
 - `act_lanes`: each lane's step; lanes whose policy is, or wraps through `lane_inner`, a controller policy of one
-  shared model go through one `predict_lanes` call, then each lane's `decide` and its wrappers' `wrap`; any other
-  policy acts alone.
+  shared model go through one `predict_lanes` call (their shadow experts through one `expert_lanes` call), then
+  each lane's `decide` and its wrappers' `wrap`; lanes driven by an expert through one `expert_lanes` call; any
+  other policy acts alone.
 - `lane_copies`: K independent copies of a policy (episode state, generators, gate) that share its torch modules.
 """
 
@@ -93,9 +97,32 @@ def predict_lanes(lanes: Sequence[Any], frames: Sequence[np.ndarray]
     return [(StepPrediction(mean[b], alea[b], epi[b]), internals[b], latency_ms) for b in range(k)]
 
 
+def expert_lanes(experts: Sequence[Any], states: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each expert's (3,) action on its state: experts sharing one torch policy and answering `act_many` (the PPO
+    expert) in one forward, each row what it gets alone (agents/experts/ppo.py); any other expert acts alone."""
+    groups: dict[int, list[int]] = {}
+    for i, expert in enumerate(experts):
+        if hasattr(expert, "act_many") and hasattr(expert, "policy"):
+            groups.setdefault(id(expert.policy), []).append(i)
+    outs: list[np.ndarray | None] = [None] * len(experts)
+    for members in groups.values():
+        actions = experts[members[0]].act_many(np.stack([np.asarray(states[i], np.float32) for i in members]))
+        for i, action in zip(members, actions, strict=True):
+            outs[i] = action
+    return [np.asarray(e.act(s) if out is None else out, np.float32)
+            for e, s, out in zip(experts, states, outs, strict=True)]  # fmt: skip
+
+
+def _state(info: Mapping[str, Any], who: str) -> np.ndarray:
+    if "state" not in info:
+        raise KeyError(f"{who} needs info['state'] (privileged state) from the env")
+    return np.asarray(info["state"])
+
+
 def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mapping[str, Any]]) -> list[Any]:
-    """Each lane's step, with one controller call for all lanes whose policy is (or wraps, through `lane_inner`) a
-    `ControllerPolicy` of one shared model: what each lane's `act` would return alone (`predict_lanes`)."""
+    """Each lane's step, what each lane's `act` would return alone. Lanes whose policy is (or wraps, through
+    `lane_inner`) a `ControllerPolicy` of one shared model go through one `predict_lanes` call, their shadow experts
+    through one `expert_lanes` call; lanes driven by an expert (`ExpertPolicy`) through one `expert_lanes` call."""
     chains = []
     for policy in policies:
         chain = [policy]
@@ -103,19 +130,35 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
             chain.append(chain[-1].lane_inner)
         chains.append(chain)
     groups: dict[tuple[int, int], list[int]] = {}
+    driving_experts: list[int] = []
     for i, chain in enumerate(chains):
         if hasattr(chain[-1], "decide") and hasattr(chain[-1], "model"):  # a controller policy
             groups.setdefault((id(chain[-1].model), chain[-1].n_samples), []).append(i)
-    outs: list[Any] = [None] * len(policies)
+        elif hasattr(chain[-1], "lane_expert"):  # an expert policy
+            driving_experts.append(i)
+    inner: list[Any] = [None] * len(policies)  # the chain root's step, before its wrappers
     for members in groups.values():
         roots = [chains[i][-1] for i in members]
+        shadowed = [i for i, root in zip(members, roots, strict=True) if root.shadow is not None]
+        labels = dict(zip(shadowed, expert_lanes([chains[i][-1].shadow for i in shadowed],
+                                                 [_state(infos[i], "the shadow expert") for i in shadowed]),
+                          strict=True))  # fmt: skip
         for i, root, pred in zip(members, roots, predict_lanes(roots, [obs[i] for i in members]), strict=True):
-            out = root.decide(*pred, infos[i])
-            for wrapper in reversed(chains[i][:-1]):
-                out = wrapper.wrap(out)
-            outs[i] = out
-    return [out if out is not None else p.act(o, info) for out, p, o, info in zip(outs, policies, obs, infos,
-                                                                                   strict=True)]  # fmt: skip
+            inner[i] = root.decide(*pred, infos[i], expert=labels.get(i))
+    actions = expert_lanes([chains[i][-1].lane_expert for i in driving_experts],
+                           [_state(infos[i], "ExpertPolicy") for i in driving_experts])  # fmt: skip
+    for i, action in zip(driving_experts, actions, strict=True):
+        inner[i] = action
+    outs: list[Any] = []
+    for i, (policy, o, info) in enumerate(zip(policies, obs, infos, strict=True)):
+        if inner[i] is None:
+            outs.append(policy.act(o, info))
+            continue
+        out = inner[i]
+        for wrapper in reversed(chains[i][:-1]):
+            out = wrapper.wrap(out)
+        outs.append(out)
+    return outs
 
 
 def lane_copies(policy: Any, k: int) -> list[Any]:

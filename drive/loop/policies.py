@@ -50,6 +50,11 @@ class ExpertPolicy:
     def reset(self, seed: int | None = None) -> None:
         self.expert.reset()
 
+    @property
+    def lane_expert(self) -> Any:
+        """The expert `act_lanes` asks for this lane's action (with the other lanes', in one call)."""
+        return self.expert
+
     def act(self, obs: Any, info: Mapping[str, Any]) -> np.ndarray:
         if "state" not in info:
             raise KeyError("ExpertPolicy needs info['state'] (privileged state) from the env")
@@ -141,11 +146,11 @@ class ControllerPolicy:
         return self.decide(*self.predict(obs), info)
 
     def decide(self, pred: StepPrediction, internals: Internals | None, latency_ms: float,
-               info: Mapping[str, Any]) -> PolicyOutput:  # fmt: skip
-        """The step after the controller call: the action, the shadow expert, the on-policy stats, the gate."""
+               info: Mapping[str, Any], expert: np.ndarray | None = None) -> PolicyOutput:  # fmt: skip
+        """The step after the controller call: the action, the shadow expert, the on-policy stats, the gate.
+        expert: the shadow expert's action on this step when already computed (`act_lanes` batches the lanes')."""
         action = np.clip(pred.mean, ACTION_LOW, ACTION_HIGH).astype(np.float32)
-        expert = None
-        if self.shadow is not None:
+        if self.shadow is not None and expert is None:
             if "state" not in info:
                 raise KeyError("the shadow expert needs info['state'] (privileged state) from the env")
             expert = np.asarray(self.shadow.act(info["state"]), np.float32)

@@ -71,6 +71,28 @@ def test_speed_mode_servo_never_parks_the_car():
     np.testing.assert_allclose(policy(x).detach(), to_env_action(policy.policy_action(x), x[:, 0], cfg).detach())
 
 
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+@pytest.mark.parametrize("mode", ["accel", "speed"])
+def test_the_expert_acts_as_its_torch_policy_computes(activation, mode):
+    """PPOExpert's numpy/numba forward is PPOPolicy.forward up to the order of the sums; the action
+    parametrisation gives the same bits on numpy arrays as on tensors."""
+    cfg = PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(32, 24), activation=activation, action_mode=mode)
+    torch.manual_seed(0)
+    policy = PPOPolicy(cfg)
+    with torch.no_grad():
+        policy.obs_mean.normal_()
+        policy.obs_var.uniform_(0.5, 4.0)
+    states = torch.randn(7, STATE_DIM) * 3
+    states[:, cfg.speed_index] = torch.linspace(0.0, 80.0, 7)
+    want = policy(states).detach().numpy()
+    got = PPOExpert(policy).act_many(states.numpy())
+    assert got.dtype == np.float32 and got.shape == (7, 3)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    a = torch.randn(64, 2) * 1.5
+    speed = torch.rand(64) * 100
+    assert np.array_equal(to_env_action(a.numpy(), speed.numpy(), cfg), to_env_action(a, speed, cfg).numpy())
+
+
 def test_export_reproduces_sb3_deterministic_actions(tmp_path):
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize

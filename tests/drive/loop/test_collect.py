@@ -95,6 +95,14 @@ def test_shards_do_not_depend_on_the_cars_per_process(tmp_path):
     assert [e["seed"] for e in read_manifest(tmp_path / "three")["episodes"]] == [0, 1, 2, 3, 4]
 
 
+def test_ppo_shards_do_not_depend_on_the_cars_per_process(tmp_path):
+    """On CarRacing the PPO expert answers the lanes in one forward (drive/loop/lanes.py): the same bytes."""
+    base = dict(expert="ppo", seeds="7-9", max_episode_steps=40, min_return=0.0, progress=False, action_noise=0.1)
+    one = collect(Config(out=tmp_path / "one", envs=1, **base))
+    three = collect(Config(out=tmp_path / "three", envs=3, **base))
+    assert {r["seed"]: r["sha256"] for r in one.new} == {r["seed"]: r["sha256"] for r in three.new}
+
+
 def test_low_return_episodes_are_flagged_and_excluded_by_default(tmp_path):
     everything = collect(fake(tmp_path / "all", action_noise=0.3, seeds="0-3", max_episode_steps=200))
     returns = {r["seed"]: r["return"] for r in everything.new}

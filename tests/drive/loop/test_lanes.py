@@ -14,11 +14,11 @@ from agents.registry import CONTROLLERS
 from datasets.frames import ObservationCoder
 from drive.loop.envs import make_env
 from drive.loop.evaluate import evaluate
-from drive.loop.lanes import act_lanes, lane_copies, predict_lanes
+from drive.loop.lanes import act_lanes, expert_lanes, lane_copies, predict_lanes
 from drive.loop.options import EvalOptions
 from drive.loop.policies import ControllerPolicy, ExpertPolicy
 from drive.loop.rollout import Lane, rollout, run_lanes
-from drive.loop.specs import expert_policy
+from drive.loop.specs import expert_policy, load_expert
 
 CLOSED_LOOP = ("nsac", "gmle", "mcd", "de", "der", "sdenet")
 NSAC = Path(__file__).resolve().parents[3] / "checkpoints" / "carracing_nsac.pt"
@@ -116,3 +116,30 @@ def test_drive_eval_records_equal_for_one_and_sixteen_cars():
         records[k] = [{key: v for key, v in r.items() if key not in ("wall_s", "latency_ms_p50", "latency_ms_p95")}
                       for r in out["episodes"]]  # fmt: skip
     assert records[1] == records[16]
+
+
+def test_the_ppo_expert_answers_each_lane_what_it_answers_alone():
+    """One forward for K lanes (padded like the controller's, agents/experts/ppo.py): each row bit for bit its
+    single answer, for every K, beside an expert that acts alone (pursuit), in lane order."""
+    ppo, pursuit = load_expert("ppo"), load_expert("pursuit")
+    states = np.random.default_rng(0).normal(size=(9, ppo.policy.cfg.obs_dim)).astype(np.float32) * 3
+    alone = [ppo.act(s) for s in states]
+    for k in range(1, 10):
+        copies = lane_copies(ExpertPolicy(ppo), k)
+        got = expert_lanes([c.expert for c in copies], list(states[:k]))
+        assert all(np.array_equal(a, b) for a, b in zip(got, alone[:k], strict=True)), k
+    mixed = expert_lanes([ppo, pursuit, ppo], [states[0], states[1], states[2]])
+    assert np.array_equal(mixed[0], alone[0]) and np.array_equal(mixed[2], alone[2])
+    assert np.array_equal(mixed[1], pursuit.act(states[1]))
+
+
+@pytest.mark.skipif(not NSAC.exists(), reason="the shipped checkpoint is absent")
+def test_drive_eval_with_the_ppo_shadow_records_equal_for_one_and_five_cars():
+    """The shadow experts of the lanes answer in one call: the on-policy figures against them do not depend on K."""
+    records = {}
+    for k in (1, 5):
+        opts = EvalOptions(policy=f"ckpt:{NSAC}", seeds="1000-1004", max_episode_steps=40, progress=False, envs=k,
+                           failure_horizon=0, shadow="ppo")  # fmt: skip
+        records[k] = [{key: v for key, v in r.items() if key not in ("wall_s", "latency_ms_p50", "latency_ms_p95")}
+                      for r in evaluate(opts)["episodes"]]  # fmt: skip
+    assert "coverage90_steer" in records[1][0] and records[1] == records[5]
