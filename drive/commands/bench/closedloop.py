@@ -14,7 +14,9 @@ one step of each env and a 3-step collect and eval: what a process pays once (im
 font, checkpoints), which short timed rows would otherwise charge to their steps (EnvPool's subprocess likewise
 times its step loop only). Collect and eval rates then count the whole run (pool workers' start-up, policy
 building, shards written) over all its steps; eval without failure prediction, whose nominal calibration laps would
-cost CPU the rate does not count (`failure_horizon=0`).
+cost CPU the rate does not count (`failure_horizon=0`). Last, one controller call of the best K is timed back to back
+and between env steps (drive/studies/controller_calls.py): what the eval rows pay per call beyond the network's own
+cost.
 
 Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
 threads included): what a step costs, whatever else runs. Wall-clock rates are printed beside them and the 2-worker
@@ -74,6 +76,9 @@ class Config:
     cost would be charged to the eval rows)"""
     first_seed: NonNegativeInt = 5000
     """track seeds of every run: first_seed, first_seed + 1, ..."""
+    controller_calls: NonNegativeInt = 30
+    """controller calls of the best K timed each way: back to back, after frame-less and after pixel env steps
+    (0: not measured)"""
     envpool_python: str | None = None
     """python that runs the EnvPool row (default: this one); its row is skipped with a note where envpool does not
     import there"""
@@ -109,6 +114,21 @@ def eval_row(cfg: Config, k: int, workers: int) -> Row:
                           envs=k, failure_horizon=0)  # fmt: skip
     steps, wall, cpu = timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
     return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers})
+
+
+def controller_calls(cfg: Config, k: int | None, console: Any) -> dict[str, float] | str:
+    """CPU ms of one eval controller call for the best K, back to back and between env steps
+    (drive/studies/controller_calls.py): why eval stays below the bare env even with many cars per call."""
+    from drive.studies.controller_calls import call_costs
+
+    if k is None or not cfg.policy.startswith("ckpt:") or cfg.controller_calls == 0:
+        return "not measured: no eval row, --policy is not a ckpt:PATH, or --controller-calls 0"
+    with console.status(f"timing the controller call of K={k} cars ..."):
+        ms = call_costs(cfg.policy.removeprefix("ckpt:"), k, cfg.samples, cfg.first_seed, cfg.controller_calls)
+    console.print(f"one controller call, K={k} cars, S={cfg.samples} (CPU ms): back to back {ms['back_to_back']:.2f}, "
+                  f"after {k} frame-less env steps {ms['after_state_steps']:.2f}, after {k} pixel env steps "
+                  f"{ms['after_pixel_steps']:.2f} (drive/studies/controller_calls.py says why)")  # fmt: skip
+    return ms
 
 
 def _rate(rows: dict[str, Row], key: str, field: str = "steps_per_cpu_s") -> float | None:
@@ -210,11 +230,12 @@ def run(cfg: Config) -> int:
             rows["eval2"] = eval_row(cfg, best, 2)
     ratios = ratios_of(rows, cfg.envs)
     print_tables(console, rows, ratios)
+    calls = controller_calls(cfg, best, console)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
     results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios, "targets": TARGETS,
-               "best_envs": best, "met": met, "start_up": start_up,
+               "best_envs": best, "met": met, "start_up": start_up, "controller_call_cpu_ms": calls,
                "config": portable({k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}),
                "machine": machine}  # fmt: skip
     if cfg.out is not None:

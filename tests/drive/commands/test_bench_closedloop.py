@@ -33,7 +33,7 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     out = tmp_path / "closedloop.json"
     code = main(["bench", "closedloop", "--steps", "8", "--rounds", "2", "--episodes", "2", "--max-episode-steps",
                  "6", "--samples", "2", "--envs", "1", "2", "--eval-episodes", "2", "--eval-max-episode-steps", "3",
-                 "--envpool-python", sys.executable, "--out", str(out)])  # fmt: skip
+                 "--envpool-python", sys.executable, "--controller-calls", "2", "--out", str(out)])  # fmt: skip
     assert code == 0
     results = json.loads(out.read_text())
     assert tuple(results["rows"]) == ROWS
@@ -54,6 +54,8 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     assert all(v is not None for k, v in results["ratios"].items() if k not in no_envpool)
     assert horizons == [0, 0, 0, 0]  # warm-up and eval rows drive their episodes only: no uncounted calibration laps
     assert results["start_up"]["envs_cpu_s"] > 0 and results["start_up"]["loops_cpu_s"] > 0
+    calls = results["controller_call_cpu_ms"]
+    assert set(calls) == {"back_to_back", "after_state_steps", "after_pixel_steps"} and min(calls.values()) > 0
     assert not any(str(v).startswith("/") for v in results["config"].values())  # no path of this machine
 
 
