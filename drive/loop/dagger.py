@@ -48,7 +48,7 @@ from drive.errors import UserError
 from drive.loop.collect import intact, lock, record_lanes
 from drive.loop.envs import make_env
 from drive.loop.fallback import FallbackConfig
-from drive.loop.lanes import cached_lanes, episodes_in
+from drive.loop.lanes import cached_lanes, cars_per_process, episodes_in
 from drive.loop.options import DaggerOptions
 from drive.loop.policies import ControllerPolicy
 from drive.loop.pool import run_tasks
@@ -224,7 +224,7 @@ def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) ->
             write_manifest(root, settings, episodes + list(done.values()), [s for s in seeds if s not in done])
             log.info("seed %d: clone+expert return %.1f, %d steps", record["seed"], record["return"], record["steps"])
 
-        k = opts.envs
+        k = cars_per_process(opts.envs, len(todo), opts.workers)
         tasks = [(str(root), job, todo[i : i + k]) for i in range(0, len(todo), k)]
         run_tasks(
             dagger_episodes, tasks, opts.workers, finished, opts.progress, "dagger", extra=(recorder,), size=episodes_in

@@ -27,7 +27,7 @@ from drive.errors import UserError
 from drive.loop.envs import make_env
 from drive.loop.failures import FailureMonitor, failure_report, nominal_thresholds, split_traces
 from drive.loop.fallback import FallbackConfig
-from drive.loop.lanes import act_lanes, cached_lanes, episodes_in
+from drive.loop.lanes import act_lanes, cached_lanes, cars_per_process, episodes_in
 from drive.loop.options import EvalOptions
 from drive.loop.policies import aggregate
 from drive.loop.pool import Ticker, run_tasks
@@ -39,7 +39,6 @@ from drive.loop.thresholds import fallback_for_command
 from sim_bridges.carracing import IDX
 
 ObserverFactory = Callable[[gym.Env, str], Observer]
-AUTO_ENVS = 16  # `--envs 0`: up to this many cars per process (drive bench closedloop: the fastest K measured)
 
 
 _CACHE: dict[Any, list[Lane]] = {}  # per process: (spec, settings, observers) -> its lanes, built once per worker
@@ -104,7 +103,7 @@ def summarise_returns(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _episodes(opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, Any], label: str,
               observers: ObserverFactory | None) -> list[dict[str, Any]]:  # fmt: skip
     records: list[dict[str, Any]] = []
-    k = opts.envs or max(1, min(AUTO_ENVS, -(-len(seeds) // opts.workers)))
+    k = cars_per_process(opts.envs, len(seeds), opts.workers)
     tasks = [(opts.policy, settings, tuple(seeds[i : i + k])) for i in range(0, len(seeds), k)]
     run_tasks(evaluate_episodes, tasks, opts.workers, records.extend, show=opts.progress, label=label,
               extra=(observers,) if observers is not None else (), ray=opts.ray, size=episodes_in)  # fmt: skip

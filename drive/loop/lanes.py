@@ -11,7 +11,8 @@
   shared model go through one `predict_lanes` call (their shadow experts through one `expert_lanes` call), then
   each lane's `decide` and its wrappers' `wrap`; lanes driven by an expert through one `expert_lanes` call; any
   other policy acts alone.
-- `lane_copies`: K independent copies of a policy (episode state, generators, gate) that share its torch modules.
+- `lane_copies`: K independent copies of a policy (episode state, generators, gate) that share its torch modules;
+  `cars_per_process`: the K of `--envs 0` (eval, dagger).
 """
 
 from __future__ import annotations
@@ -159,6 +160,15 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
             out = wrapper.wrap(out)
         outs.append(out)
     return outs
+
+
+AUTO_ENVS = 16  # `--envs 0`: up to this many cars per process (drive bench closedloop: the fastest K measured)
+
+
+def cars_per_process(envs: int, seeds: int, workers: int) -> int:
+    """`--envs K` as given, or for 0 as many cars as each worker has seeds, at most AUTO_ENVS (so every worker gets
+    a task: a process runs one task of K seeds at a time)."""
+    return envs or max(1, min(AUTO_ENVS, -(-seeds // max(1, workers))))
 
 
 def lane_copies(policy: Any, k: int) -> list[Any]:

@@ -136,8 +136,9 @@ class DaggerOptions:
     """seed of the mixing coin and the clone's sampling"""
     env: str = "carracing"
     """simulator: carracing, or fake-road (tests; its expert is 'pursuit')"""
-    envs: PositiveInt = 1
-    """cars driven at once in each process, one clone call per step for all; a record does not depend on it"""
+    envs: NonNegativeInt = 0
+    """cars driven at once in each process, one clone call per step for all; a record does not depend on it. 0:
+    min(16, seeds per worker), as `drive eval`"""
     progress: bool = True
     """show a progress bar"""
     query_quantile: OpenUnit | None = None

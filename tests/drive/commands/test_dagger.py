@@ -38,3 +38,21 @@ def test_rerun_of_a_finished_round_repeats_its_summary_without_warnings(tmp_path
     again = capsys.readouterr()
     assert again.out.strip().splitlines() == [f"{out} is already complete: nothing recorded", first[0]]
     assert "nan" not in again.out and again.err == ""
+
+
+def test_a_round_records_the_same_episodes_for_any_cars_per_process(tmp_path):
+    """--envs 1 and --envs 3 (lanes; the clone answers all cars in one call, the mixing coin is per episode)."""
+    from datasets.demonstrations import read_manifest
+
+    demos, clone = tmp_path / "demos", tmp_path / "clone.pt"
+    assert main(["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0-1", "--out", str(demos),
+                 "--max-episode-steps", "20", "--min-return", "-1000", "--no-progress"]) == 0  # fmt: skip
+    _tiny_clone(clone)
+    shards = {}
+    for k in (1, 3):
+        out = tmp_path / f"k{k}"
+        assert main(["dagger", "--ckpt", str(clone), "--data", str(demos), "--out", str(out), "--seeds", "50-53",
+                     "--env", "fake-road", "--max-episode-steps", "25", "--beta", "0.5", "--workers", "1", "--envs",
+                     str(k), "--no-progress"]) == 0  # fmt: skip
+        shards[k] = {e["seed"]: e["sha256"] for e in read_manifest(out)["episodes"] if e["seed"] >= 50}
+    assert len(shards[1]) == 4 and shards[1] == shards[3]
