@@ -141,15 +141,18 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
     for members in groups.values():
         roots = [chains[i][-1] for i in members]
         shadowed = [i for i, root in zip(members, roots, strict=True) if root.shadow is not None]
-        labels = dict(zip(shadowed, expert_lanes([chains[i][-1].shadow for i in shadowed],
-                                                 [_state(infos[i], "the shadow expert") for i in shadowed]),
-                          strict=True))  # fmt: skip
+        labels: dict[int, np.ndarray] = {}
+        if shadowed:
+            labels = dict(zip(shadowed, expert_lanes([chains[i][-1].shadow for i in shadowed],
+                                                     [_state(infos[i], "the shadow expert") for i in shadowed]),
+                              strict=True))  # fmt: skip
         for i, root, pred in zip(members, roots, predict_lanes(roots, [obs[i] for i in members]), strict=True):
             inner[i] = root.decide(*pred, infos[i], expert=labels.get(i))
-    actions = expert_lanes([chains[i][-1].lane_expert for i in driving_experts],
-                           [_state(infos[i], "ExpertPolicy") for i in driving_experts])  # fmt: skip
-    for i, action in zip(driving_experts, actions, strict=True):
-        inner[i] = action
+    if driving_experts:
+        actions = expert_lanes([chains[i][-1].lane_expert for i in driving_experts],
+                               [_state(infos[i], "ExpertPolicy") for i in driving_experts])  # fmt: skip
+        for i, action in zip(driving_experts, actions, strict=True):
+            inner[i] = action
     outs: list[Any] = []
     for i, (policy, o, info) in enumerate(zip(policies, obs, infos, strict=True)):
         if inner[i] is None:
