@@ -107,7 +107,7 @@ class EvalOptions:
     envs: NonNegativeInt = 0
     """cars driven at once in each process (lanes): the controller answers all of them in one call per step; an
     episode's record does not depend on it (drive/loop/rollout.py `run_lanes`). 0: min(16, seeds per worker) — 16
-    cars drove 1.7x one car's steps per CPU-second (drive bench closedloop, docs/scale.md)"""
+    cars drove 2.1x one car's steps per CPU-second (drive bench closedloop, docs/scale.md)"""
     device: str = "cpu"
     """ckpt: where the controller runs (cpu, cuda, cuda:N, mps); the simulator and the shadow expert stay on the CPU"""
 
