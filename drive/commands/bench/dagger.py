@@ -53,8 +53,8 @@ class Config:
     """retraining overrides (as C0's command)"""
     workers: Workers = 1
     """parallel episodes (DAgger and eval)"""
-    envs: PositiveInt = 1
-    """cars per worker process, one clone call per step for all (DAgger and eval)"""
+    envs: NonNegativeInt = 0
+    """cars per worker process, one clone call per step for all (DAgger and eval; 0: min(16, seeds per worker))"""
 
 
 def _eval(cfg: Config, ckpt: Path, target: Path) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 from datasets.files import atomic_write
 from drive.errors import UserError
 from drive.loop.options import EvalOptions
-from drive.options import PositiveInt, Workers
+from drive.options import NonNegativeInt, PositiveInt, Workers
 
 KEYS = ("mean_return", "min_return", "coverage90_steer", "epistemic_var_steer", "laps_finished")
 
@@ -36,8 +36,9 @@ class Config:
     """track seeds of every point"""
     workers: Workers = 1
     """parallel episodes per point"""
-    envs: PositiveInt = 1
-    """cars per worker process, one controller call per step for all (drive eval --envs)"""
+    envs: NonNegativeInt = 0
+    """cars per worker process, one controller call per step for all (drive eval --envs; 0: min(16, seeds per
+    worker))"""
     samples: PositiveInt | None = None
     """stochastic samples per step (default: each controller's own)"""
     progress: bool = False
