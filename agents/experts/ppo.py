@@ -152,11 +152,12 @@ class PPOExpert:
 
     Acting runs the policy's forward (its weights as of construction) in float32 numpy and one numba kernel per
     layer, not through torch. Why: the closed loop asks for one action per car-step between two frames, and torch's
-    dispatch of eight small ops ran in caches the renderer has just evicted (with the faster frame coding, this took
-    `drive bench closedloop`'s collect row from 867 to 1023 steps per CPU-s: docs/scale.md). Each row is computed alone, so K cars'
-    states in one `act_many` call (drive/loop/lanes.py) get what each gets alone, bit for bit. Departure from
-    `PPOPolicy.forward`, which is what SB3 computes: the matrix products sum in another order and tanh is numpy's,
-    so actions differ in the last bits (below 1e-5; tests/agents/test_experts.py).
+    dispatch of eight small ops ran in caches the renderer had just evicted (with the faster frame coding, this
+    took `drive bench closedloop`'s collect row from 867 to 1023 steps per CPU-s: docs/scale.md). Each row is
+    computed alone, so K cars' states in one `act_many` call (drive/loop/lanes.py) get what each gets alone, bit
+    for bit. Departure from `PPOPolicy.forward`, which is what SB3 computes: the matrix products sum in another
+    order and tanh is numpy's, so actions differ in the last bits (below 1e-5: tests/agents/test_experts.py), and
+    closed-loop laps with them (checkpoints/expert_ppo.md has the returns before and after).
     """
 
     def __init__(self, policy: PPOPolicy):

@@ -4,9 +4,9 @@
   one generator per lane (`LaneGenerators`), per lane its prediction, internals (taken from the batch only when
   read) and the call's latency. A lane's prediction is the one it gets alone, bit for bit
   (tests/drive/loop/test_lanes.py), so records do not depend on K.
-- `expert_lanes`: the experts' actions on the lanes' states, one forward for the lanes sharing a PPO expert (rows
-  padded the same way, agents/experts/ppo.py), so `drive collect --envs K` and the shadow experts of `drive eval`
-  pay one expert call per step, not K.
+- `expert_lanes`: the experts' actions on the lanes' states, one call for the lanes sharing a PPO expert (each row
+  computed alone, agents/experts/ppo.py), so `drive collect --envs K`, the DAgger labels and the shadow experts of
+  `drive eval` pay one expert call per step, not K.
 - `act_lanes`: each lane's step; lanes whose policy is, or wraps through `lane_inner`, a controller policy of one
   shared model go through one `predict_lanes` call (their shadow experts through one `expert_lanes` call), then
   each lane's `decide` and its wrappers' `wrap`; lanes driven by an expert through one `expert_lanes` call; any
@@ -99,8 +99,8 @@ def predict_lanes(lanes: Sequence[Any], frames: Sequence[np.ndarray]
 
 
 def expert_lanes(experts: Sequence[Any], states: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Each expert's (3,) action on its state: experts sharing one torch policy and answering `act_many` (the PPO
-    expert) in one forward, each row what it gets alone (agents/experts/ppo.py); any other expert acts alone."""
+    """Each expert's (3,) action on its state: experts sharing one policy and answering `act_many` (the PPO expert)
+    in one call, each row what it gets alone (agents/experts/ppo.py); any other expert acts alone."""
     groups: dict[int, list[int]] = {}
     for i, expert in enumerate(experts):
         if hasattr(expert, "act_many") and hasattr(expert, "policy"):
