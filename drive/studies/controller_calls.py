@@ -2,15 +2,17 @@
 
 `drive bench closedloop` prints it beside the eval rows: `drive eval --envs K` calls the controller once per step on
 K frames, and between two calls each of the K envs steps once. The same call (`predict_lanes`: frame coding, the
-network's S samples, outputs to numpy) is timed in CPU ms three ways, on the same K lanes and frames:
+network's S samples, outputs to numpy) is timed in CPU ms three ways, interleaved call by call, on the same K lanes,
+each call on K frames the network has not seen (one new frame per car, as in the loop):
 
 - back to back: nothing runs between calls (what `drive bench latency` measures, batch 1);
 - after K state-mode env steps: physics, reward and privileged state between calls, no frame drawn;
 - after K pixel env steps: the exact renderer runs K times between calls, as in `drive eval`.
 
 Where the third costs more than the first two, the renderer's kernels have evicted what the network's many small
-torch ops need (caches, branch predictors): work the controller does again every step, which batching K cars
-amortises but cannot remove. A benchmark: nothing here asserts a speed.
+torch ops need (presumably caches and branch predictors: the frame-less steps run the same Python and physics and
+leave the call's cost as it is): work the controller does again every step, which batching K cars amortises but
+cannot remove. A benchmark: nothing here asserts a speed.
 """
 
 from __future__ import annotations
