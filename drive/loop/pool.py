@@ -116,8 +116,8 @@ def run_tasks(
     pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=ctx, initializer=_init_worker, initargs=(counter,))
     try:
         # submit (which starts the workers) before the progress bar starts its refresh thread: fork with one thread
-        with _sigint_ignored():  # inherited by the workers, even through spawn's exec: none dies of an early Ctrl-C
-            pending = {pool.submit(fn, *task, None, *extra): task for task in tasks}
+        with _sigint_ignored(), _opencv_pool_stopped():  # inherited by the workers, even through spawn's exec: none
+            pending = {pool.submit(fn, *task, None, *extra): task for task in tasks}  # dies of an early Ctrl-C
         with DeferredInterrupt() as interrupt, FrameProgress(total, counter, show, label) as bar:
             while pending and not interrupt.hit:
                 complete, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
@@ -166,6 +166,23 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         process.join(timeout=5)
     if manager is not None:  # let it finish closing its wake-up pipe: CPython 3.11's exit hook writes to that pipe
         manager.join(timeout=5)  # unlocked, and a close racing it printed an OSError traceback after Ctrl-C
+
+
+@contextmanager
+def _opencv_pool_stopped() -> Iterator[None]:
+    """OpenCV on one thread while the workers fork, the parent's setting back after. A child forked while the
+    parent's OpenCV thread pool exists (any large parallel cv2 call starts it) hangs for ever in its first
+    `cv2.setNumThreads`, which `_init_worker` calls (tests/drive/loop/test_pool.py reproduces it: a parent's
+    cvtColor, half a second, then the pool)."""
+    cv2 = sys.modules.get("cv2")
+    threads = cv2.getNumThreads() if cv2 is not None else 1
+    if cv2 is not None and threads != 1:
+        cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        if cv2 is not None and threads != 1:
+            cv2.setNumThreads(threads)
 
 
 @contextmanager

@@ -122,6 +122,36 @@ def test_workers_fork_with_torch_imported_and_run_opencv_on_one_thread():
     assert cv2.getNumThreads() == cv2_threads  # the driver's own setting is left alone
 
 
+OPENCV_THEN_FORK = """
+import time
+import cv2, numpy as np
+from drive.loop.pool import run_tasks
+big = np.zeros((4096, 4096, 3), np.uint8)
+def task(i, tick):
+    return int(cv2.cvtColor(big, cv2.COLOR_RGB2GRAY).sum()) + i
+if __name__ == "__main__":
+    cv2.cvtColor(big, cv2.COLOR_RGB2GRAY)  # the parent's OpenCV thread pool is up
+    time.sleep(0.5)  # and its threads asleep: a fork right after the call did not always hang
+    got = []
+    run_tasks(task, [(0,), (1,), (2,)], 2, got.append, show=False)
+    print(sorted(got), cv2.getNumThreads())
+"""
+
+
+def test_workers_fork_after_the_parent_ran_opencv_on_its_thread_pool(tmp_path):
+    """A worker forked while the parent's OpenCV pool existed hung in its first cv2.setNumThreads (for ever)."""
+    import subprocess
+
+    import cv2
+
+    script = tmp_path / "opencv_then_fork.py"
+    script.write_text(OPENCV_THEN_FORK)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[0,", "1,", "2]", str(cv2.getNumThreads())]
+
+
 @pytest.mark.parametrize(("platform", "cuda", "method"), [("linux", False, "fork"), ("linux", True, "spawn"),
                                                           ("darwin", False, "spawn")])  # fmt: skip
 def test_the_pool_forks_unless_cuda_is_up_or_the_system_is_not_linux(monkeypatch, platform, cuda, method):
