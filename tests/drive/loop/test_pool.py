@@ -132,9 +132,9 @@ def task(i, tick):
 if __name__ == "__main__":
     cv2.cvtColor(big, cv2.COLOR_RGB2GRAY)  # the parent's OpenCV thread pool is up
     time.sleep(0.5)  # and its threads asleep: a fork right after the call did not always hang
-    got = []
+    got, before = [], cv2.getNumThreads()
     run_tasks(task, [(0,), (1,), (2,)], 2, got.append, show=False)
-    print(sorted(got), cv2.getNumThreads())
+    print(sorted(got), before, cv2.getNumThreads())
 """
 
 
@@ -142,14 +142,16 @@ def test_workers_fork_after_the_parent_ran_opencv_on_its_thread_pool(tmp_path):
     """A worker forked while the parent's OpenCV pool existed hung in its first cv2.setNumThreads (for ever)."""
     import subprocess
 
-    import cv2
-
     script = tmp_path / "opencv_then_fork.py"
     script.write_text(OPENCV_THEN_FORK)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])})  # fmt: skip
+                         env={**{k: v for k, v in os.environ.items() if k != "OPENCV_FOR_THREADS_NUM"},
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[3])})  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["[0,", "1,", "2]", str(cv2.getNumThreads())]
+    got, before, after = out.stdout.rsplit(maxsplit=2)
+    assert got == "[0, 1, 2]" and after == before  # the driver's own OpenCV setting is given back
+    if before == "1":
+        pytest.skip("OpenCV runs on one thread on this machine: there is no thread pool to fork under")
 
 
 @pytest.mark.parametrize(("platform", "cuda", "method"), [("linux", False, "fork"), ("linux", True, "spawn"),
