@@ -13,7 +13,7 @@ conversion do:
 - gray ``(R * 9798 + G * 19235 + B * 3735 + 2**14) >> 15`` (OpenCV's 15-bit fixed-point ITU-R 601 weights).
 
 Why not cv2: on one core it spent ~50 us per frame in the two calls; this kernel ~20 us (`drive bench render`
-prints both), ~4 % of a closed-loop step. Exactness is tested, not assumed: tests/datasets/test_area_gray.py
+prints both). Exactness is tested, not assumed: tests/datasets/test_area_gray.py
 compares it with cv2 on random and palette frames and on real CarRacing frames, and the gray formula with cv2 on all
 2**24 colours; should another OpenCV round differently, that test fails and `code_full` must go back to cv2.
 """
