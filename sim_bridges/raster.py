@@ -8,11 +8,9 @@
   ``((65536*(y-y1))/(y2-y1))*(x2-x1)+65536*x1`` with the ``y == maxy`` rule, sorted, filled pairwise from
   ``round(v0+1)`` to ``round(v1-1)`` by `hlineColor`, which swaps reversed ends (a crossing pair closer than a
   pixel still paints one or two) and clips to the surface.
-- `aapolygonColor`: `_aalineColor(..., draw_endpoint=0)` per edge: Cohen-Sutherland clipping to the surface with
-  a float32 slope and Sint16 results (`_clipLine`); vertical and horizontal lines as opaque runs including both
-  ends; else Wu's line: the first (clipped, not reordered) point opaque, then a 32-bit error accumulator whose top
-  byte weights each pixel pair, blended by `_putPixelAlpha` with alpha ``(255*weight)>>8`` as
-  ``d + (((c - d) * alpha) >> 8)`` per channel (arithmetic shift: C's Uint32 wrap-around gives the same bits).
+- `aapolygonColor`: `_aalineColor(..., draw_endpoint=0)` per edge (its pixels and weights: `sim_bridges.aaline`),
+  each pixel blended by `_putPixelAlpha` with alpha ``(255*weight)>>8`` as ``d + (((c - d) * alpha) >> 8)`` per
+  channel (arithmetic shift: C's Uint32 wrap-around gives the same bits).
 
 Layout. Rows above `hidden` (under the indicator bar after the flip) are never stored. Each surviving row is cut
 into the 96 (+1 trailing) *tiles* smoothscale's X pass folds into one output pixel each (`sim_bridges.shrink`).
@@ -24,8 +22,9 @@ stay one colour. Why so, measured (kernel CPU time per frame, 14 visible polygon
 - a dense 1000-wide canvas: anti-aliased lines step to a new row at every pixel and missed the cache each time;
   pool slots are handed out in order, so touched tiles lie together (0.65 -> 0.41 ms for the world);
 - numba helpers that take arrays cost reference counting at every call, inlined (``inline="always"``) or not,
-  and per-pixel helper calls were 3-4x slower than the same code in one loop: drawing is therefore queued as
-  op rows ``(y, xa, xb, colour, alpha)`` and painted by one `apply_ops` loop per polygon (0.41 -> 0.26 ms);
+  and per-pixel helper calls were 3-4x slower than the same code in one loop: `draw_world` therefore paints runs
+  and outline pixels in its own loop (the tile-to-pool step written out where needed), and the car and the bar,
+  a few polygons each, queue op rows ``(y, xa, xb, colour, alpha)`` for one `apply_ops` loop per polygon;
 - numba's array sort on the 2-4 crossings of a row cost more than the rest of the fill (insertion sort instead).
 
 Integer ranges: kernels work in int64; the caller checks with `poly_in_range` that SDL_gfx's int32 maths and its
@@ -38,9 +37,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-W, H = 1000, 800
+from sim_bridges.aaline import aaline
+from sim_bridges.render_geometry import H, W
+
 COORD_LIMIT = 4096
-_LEFT, _RIGHT, _BOTTOM, _TOP = 1, 2, 4, 8
 
 
 def poly_in_range(ix: np.ndarray, iy: np.ndarray) -> bool:
@@ -119,117 +119,6 @@ def clip_run(y, xa, xb, hidden):
 
 
 @njit(cache=True)
-def _wrap16(v):
-    return ((v + 32768) & 0xFFFF) - 32768
-
-
-@njit(cache=True)
-def _encode(x, y):
-    code = 0
-    if x < 0:
-        code |= _LEFT
-    elif x > W - 1:
-        code |= _RIGHT
-    if y < 0:
-        code |= _TOP
-    elif y > H - 1:
-        code |= _BOTTOM
-    return code
-
-
-@njit(cache=True)
-def _clip_line(x1, y1, x2, y2):
-    """SDL_gfx `_clipLine` (float32 slope, Sint16 results); returns (draw, x1, y1, x2, y2)."""
-    while True:
-        c1, c2 = _encode(x1, y1), _encode(x2, y2)
-        if (c1 | c2) == 0:
-            return True, x1, y1, x2, y2
-        if c1 & c2:
-            return False, x1, y1, x2, y2
-        if c1 == 0:
-            x1, x2 = x2, x1
-            y1, y2 = y2, y1
-            c1, c2 = c2, c1
-        if x2 != x1:
-            m = np.float32(y2 - y1) / np.float32(x2 - x1)
-        else:
-            m = np.float32(1.0)
-        if c1 & _LEFT:
-            y1 = _wrap16(y1 + _wrap16(int(np.float32(0 - x1) * m)))
-            x1 = 0
-        elif c1 & _RIGHT:
-            y1 = _wrap16(y1 + _wrap16(int(np.float32(W - 1 - x1) * m)))
-            x1 = W - 1
-        elif c1 & _BOTTOM:
-            if x2 != x1:
-                x1 = _wrap16(x1 + _wrap16(int(np.float32(H - 1 - y1) / m)))
-            y1 = H - 1
-        elif c1 & _TOP:
-            if x2 != x1:
-                x1 = _wrap16(x1 + _wrap16(int(np.float32(0 - y1) / m)))
-            y1 = 0
-
-
-@njit(cache=True)
-def _aaline(x1, y1, x2, y2, ops):
-    """`_aalineColor(dst, x1, y1, x2, y2, color, draw_endpoint=0)`: its pixel writes, in order, as rows
-    (x, y, alpha) of `ops` (alpha 255: opaque); returns how many."""
-    ok, x1, y1, x2, y2 = _clip_line(x1, y1, x2, y2)
-    if not ok:
-        return 0
-    xx0, yy0, xx1, yy1 = x1, y1, x2, y2
-    if yy0 > yy1:
-        xx0, yy0, xx1, yy1 = xx1, yy1, xx0, yy0
-    dx, dy = xx1 - xx0, yy1 - yy0
-    n = 0
-    if dx == 0:  # vlineColor(x1, yy0, yy0 + dy), or pixelColor(x1, y1)
-        for y in range(yy0, yy0 + dy + 1):
-            ops[n, 0], ops[n, 1], ops[n, 2] = x1, y, 255
-            n += 1
-        return n
-    if dy == 0:  # hlineColor(xx0, xx0 + dx, y1): both ends
-        for x in range(min(xx0, xx0 + dx), max(xx0, xx0 + dx) + 1):
-            ops[n, 0], ops[n, 1], ops[n, 2] = x, y1, 255
-            n += 1
-        return n
-    xdir = 1
-    if dx < 0:
-        xdir, dx = -1, -dx
-    ops[0, 0], ops[0, 1], ops[0, 2] = x1, y1, 255
-    n = 1
-    erracc = 0
-    if dy > dx:
-        erradj = (((dx << 16) // dy) << 16) & 0xFFFFFFFF
-        x0pxdir = xx0 + xdir
-        for _ in range(dy - 1):
-            tmp = erracc
-            erracc = (erracc + erradj) & 0xFFFFFFFF
-            if erracc <= tmp:
-                xx0 = x0pxdir
-                x0pxdir += xdir
-            yy0 += 1
-            wgt = (erracc >> 24) & 255
-            ops[n, 0], ops[n, 1], ops[n, 2] = xx0, yy0, (255 * (255 - wgt)) >> 8
-            ops[n + 1, 0], ops[n + 1, 1], ops[n + 1, 2] = x0pxdir, yy0, (255 * wgt) >> 8
-            n += 2
-    else:
-        erradj = (((dy << 16) // dx) << 16) & 0xFFFFFFFF
-        y0p1 = yy0 + 1
-        for _ in range(dx - 1):
-            tmp = erracc
-            erracc = (erracc + erradj) & 0xFFFFFFFF
-            if erracc <= tmp:
-                yy0 = y0p1
-                y0p1 += 1
-            xx0 += xdir
-            wgt = (erracc >> 24) & 255
-            ops[n, 0], ops[n, 1], ops[n, 2] = xx0, yy0, (255 * (255 - wgt)) >> 8
-            ops[n + 1, 0], ops[n + 1, 1], ops[n + 1, 2] = xx0, y0p1, (255 * wgt) >> 8
-            n += 2
-    return n
-
-
-@njit(cache=True)
 def _round_fixed(v):
     return (v >> 16) + ((v & 32768) >> 15)
 
@@ -276,46 +165,83 @@ def draw_world(polys_x, polys_y, colours, bg, cv):
     """Reset every surviving row to `bg`, then gfxdraw.aapolygon + gfxdraw.filled_polygon each polygon, in order.
 
     polys_x/polys_y (K, V) int64 Sint16 vertices, colours (K,) 0xRRGGBB. Outline pixels the polygon's own fill
-    paints over right after are not drawn: nothing reads them in between. Returns False (having drawn an
-    unfinished frame) where a row would need more than two runs, which CarRacing's quads never do, or the pool
-    of pixel tiles could overflow.
+    paints over right after are not drawn: nothing reads them in between. The other outline pixels lie outside the
+    fill, so the fill's runs are painted first and the outline's pixels after them, in their order, straight onto the
+    canvas: the same pixels as `apply_ops` on queued ops, without the queue (the tile-to-pool step is written out
+    where it is needed, as a helper taking the canvas costs ~60 ns a call; `drive bench render --breakdown` times
+    this kernel). Returns False (having drawn an unfinished frame) where a row would need more than two runs, which
+    CarRacing's quads never do, or the pool of pixel tiles could overflow.
     """
-    hidden, colour, _, used, _, _, _ = cv
+    hidden, colour, pool, used, tile_of, t_start, t_end = cv
     colour[:] = bg
     used[0] = 0
     ints = np.empty(polys_x.shape[1], np.int64)
     spans = np.zeros((H - hidden, 5), np.int64)
     line = np.empty((2 * W + 2, 3), np.int64)
-    ops = np.empty((polys_x.shape[1] * line.shape[0] + 2 * H, 5), np.int64)
+    n_pool = pool.shape[0]
     for k in range(polys_x.shape[0]):
         vx, vy, c = polys_x[k], polys_y[k], colours[k]
         lo, hi = _fill_spans(vx, vy, hidden, ints, spans)
         for y in range(lo, hi + 1):
             if spans[y - hidden, 0] == -1:
                 return False
-        n_ops = 0
+        for y in range(lo, hi + 1):  # the fill: whole tiles in a store loop, pixels only in the end tiles
+            r = y - hidden
+            for m in range(spans[r, 0]):
+                ok, xa, xb = clip_run(y, spans[r, 1 + 2 * m], spans[r, 2 + 2 * m], hidden)
+                if not ok:
+                    continue
+                ja, jb = tile_of[xa], tile_of[xb]
+                full_a = ja if xa == t_start[ja] else ja + 1
+                full_b = jb if xb == t_end[jb] else jb - 1
+                for j in range(full_a, full_b + 1):
+                    colour[r, j] = c
+                part_a = ja if full_a != ja else -1
+                part_b = jb if full_b != jb and jb != part_a else -1
+                for e in range(2):
+                    j = part_a if e == 0 else part_b
+                    if j < 0:
+                        continue
+                    cj = colour[r, j]
+                    if cj >= 0:  # a uniform tile: unchanged, or its pixels go to a new pool slot
+                        if cj == c:
+                            continue
+                        if used[0] >= n_pool:
+                            return False
+                        slot = used[0]
+                        used[0] += 1
+                        for q in range(t_end[j] - t_start[j] + 1):
+                            pool[slot, q] = cj
+                        colour[r, j] = -slot - 1
+                    slot = -colour[r, j] - 1
+                    for x in range(max(xa, t_start[j]), min(xb, t_end[j]) + 1):
+                        pool[slot, x - t_start[j]] = c
         n = vx.shape[0]
-        for i in range(n):
+        for i in range(n):  # the outline, edge by edge, each pixel as `aaline` writes it
             i2 = i + 1 if i + 1 < n else 0
-            for m in range(_aaline(vx[i], vy[i], vx[i2], vy[i2], line)):
+            for m in range(aaline(vx[i], vy[i], vx[i2], vy[i2], line)):
                 x, y, alpha = line[m, 0], line[m, 1], line[m, 2]
                 if x < 0 or x > W - 1 or y < hidden or y >= H or alpha == 0:  # alpha 0: only the alpha byte
                     continue
+                r = y - hidden
                 if lo <= y <= hi:  # does the polygon's own fill paint this pixel next?
-                    r = y - hidden
                     if spans[r, 0] >= 1 and spans[r, 1] <= x <= spans[r, 2]:
                         continue
                     if spans[r, 0] == 2 and spans[r, 3] <= x <= spans[r, 4]:
                         continue
-                ops[n_ops, 0], ops[n_ops, 1], ops[n_ops, 2], ops[n_ops, 3], ops[n_ops, 4] = y, x, x, c, alpha
-                n_ops += 1
-        for y in range(lo, hi + 1):
-            r = y - hidden
-            for m in range(spans[r, 0]):
-                ok, xa, xb = clip_run(y, spans[r, 1 + 2 * m], spans[r, 2 + 2 * m], hidden)
-                if ok:
-                    ops[n_ops, 0], ops[n_ops, 1], ops[n_ops, 2], ops[n_ops, 3], ops[n_ops, 4] = y, xa, xb, c, 255
-                    n_ops += 1
-        if not apply_ops(ops, n_ops, cv):
-            return False
+                j = tile_of[x]
+                cj = colour[r, j]
+                if cj >= 0:
+                    if cj == (c if alpha == 255 else _blend(cj, c, alpha)):
+                        continue
+                    if used[0] >= n_pool:
+                        return False
+                    slot = used[0]
+                    used[0] += 1
+                    for q in range(t_end[j] - t_start[j] + 1):
+                        pool[slot, q] = cj
+                    colour[r, j] = -slot - 1
+                slot = -colour[r, j] - 1
+                q = x - t_start[j]
+                pool[slot, q] = c if alpha == 255 else _blend(pool[slot, q], c, alpha)
     return True

@@ -165,7 +165,7 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
     return outs
 
 
-AUTO_ENVS = 16  # `--envs 0`: up to this many cars per process (drive bench closedloop: the fastest K measured)
+AUTO_ENVS = 32  # `--envs 0`: up to this many cars per process (drive bench closedloop: the fastest K measured)
 
 
 def cars_per_process(envs: int, seeds: int, workers: int) -> int:

@@ -98,3 +98,10 @@ def test_the_experts_laps_replay_the_same_in_stock_gymnasium_and_our_env():
         poses.append((*car.hull.position, car.hull.angle, env.unwrapped.tile_visited_count))
     assert poses[0] == poses[1] == poses[2]
     assert poses[0][3] >= 5  # it drove: tiles visited in 30 steps of the second track
+
+
+def test_fewer_eval_episodes_than_cars_is_refused_in_one_line(capsys):
+    """A K-car row with fewer than K episodes would drive fewer cars than its label says."""
+    assert main(["bench", "closedloop", "--envs", "1", "8", "--eval-episodes", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("drive bench closedloop: error: --eval-episodes 4 is below --envs 8") and "\n" not in err
