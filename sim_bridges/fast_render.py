@@ -22,13 +22,9 @@ Where an integer guarantee of the kernels does not hold (a coordinate past +-409
 could overflow; the smoothscale backend neither SSE/SSE2 nor GENERIC; a surface format other than XRGB8888), the
 frame is drawn by the same pygame/SDL_gfx calls as stock instead (`_draw_world`), as before this path existed.
 
-Measured per frame on one core (issue #26 has the runs): the pygame path spent ~0.7 ms in smoothscale, ~0.75 ms
-in gfxdraw calls, ~0.45 ms in `Car.draw`. This path: ~0.33 ms drawing the world, ~0.25 ms X-shrinking it,
-~0.06 ms Y pass, ~0.05 ms car (vertices + fill), ~0.05 ms bar, ~0.03 ms culling/vertex maths, plus ~0.1 ms of
-Python glue; before `sim_bridges.view` and `sim_bridges.indicators` the culling, car vertices and bar cost
-~0.55 ms more in numpy/Python/pygame. Env steps/s: 1.4x the previous numba version (interleaved runs), ~0.7x
-EnvPool 1.2.5's C++ env. Numba compiles once per source version (``cache=True``): ~15 s on a cold cache, then
-~0.5 s per process.
+Where a frame's time goes, stage by stage, against stock's frame and cv2's frame coding: `drive bench render
+--breakdown` (docs/scale.md has a run). Numba compiles once per source version (``cache=True``); `drive bench
+render` prints what the first frame of a process costs (a cache load after the first run).
 """
 
 from __future__ import annotations

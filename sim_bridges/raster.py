@@ -16,15 +16,16 @@ Layout. Rows above `hidden` (under the indicator bar after the flip) are never s
 into the 96 (+1 trailing) *tiles* smoothscale's X pass folds into one output pixel each (`sim_bridges.shrink`).
 A tile is one colour, stored once, or its pixels sit in a pool slot. A scanline run sets whole tiles in O(1) and
 writes pixels only in its two end tiles; an anti-aliased pixel moves its tile to the pool. Outline pixels the
-same polygon's fill covers next are never drawn: nothing reads them in between. In a typical frame 96 % of tiles
-stay one colour. Why so, measured (kernel CPU time per frame, 14 visible polygons, this 2-core machine):
+same polygon's fill covers next are never drawn: nothing reads them in between. Most tiles of a frame
+stay one colour. Why this layout (each choice kept because it was faster on recorded frames; `drive bench render
+--breakdown` times the kernel as it is now):
 
 - a dense 1000-wide canvas: anti-aliased lines step to a new row at every pixel and missed the cache each time;
-  pool slots are handed out in order, so touched tiles lie together (0.65 -> 0.41 ms for the world);
+  pool slots are handed out in order, so touched tiles lie together;
 - numba helpers that take arrays cost reference counting at every call, inlined (``inline="always"``) or not,
-  and per-pixel helper calls were 3-4x slower than the same code in one loop: `draw_world` therefore paints runs
-  and outline pixels in its own loop (the tile-to-pool step written out where needed), and the car and the bar,
-  a few polygons each, queue op rows ``(y, xa, xb, colour, alpha)`` for one `apply_ops` loop per polygon;
+  which showed even for a helper that only moves a tile to the pool: `draw_world` therefore paints runs and
+  outline pixels in its own loop, the tile-to-pool step written out where needed, and the car and the bar, a few
+  polygons each, queue op rows ``(y, xa, xb, colour, alpha)`` for one `apply_ops` loop per polygon;
 - numba's array sort on the 2-4 crossings of a row cost more than the rest of the fill (insertion sort instead).
 
 Integer ranges: kernels work in int64; the caller checks with `poly_in_range` that SDL_gfx's int32 maths and its
@@ -166,11 +167,10 @@ def draw_world(polys_x, polys_y, colours, bg, cv):
 
     polys_x/polys_y (K, V) int64 Sint16 vertices, colours (K,) 0xRRGGBB. Outline pixels the polygon's own fill
     paints over right after are not drawn: nothing reads them in between. The other outline pixels lie outside the
-    fill, so the fill's runs are painted first and the outline's pixels after them, in their order, straight onto the
-    canvas: the same pixels as `apply_ops` on queued ops, without the queue (the tile-to-pool step is written out
-    where it is needed, as a helper taking the canvas costs ~60 ns a call; `drive bench render --breakdown` times
-    this kernel). Returns False (having drawn an unfinished frame) where a row would need more than two runs, which
-    CarRacing's quads never do, or the pool of pixel tiles could overflow.
+    fill, so the fill's runs are painted first and the outline's pixels after them, in their order, straight onto
+    the canvas: the pixels `apply_ops` paints from queued ops, without the queue (the tile-to-pool step written out
+    where it is needed; see the module docstring). Returns False (having drawn an unfinished frame) where a row
+    would need more than two runs, which CarRacing's quads never do, or the pool of pixel tiles could overflow.
     """
     hidden, colour, pool, used, tile_of, t_start, t_end = cv
     colour[:] = bg
