@@ -238,18 +238,19 @@ def render_state_pixels(env) -> np.ndarray:
 
 
 def _shrink_bar_pixels(tiles: _Tiles, bar_surface: pygame.Surface) -> None:
-    """X-shrink the bar rows drawn by stock code on `bar_surface` under the world rows in `tiles.frame`."""
+    """X-shrink the bar rows drawn by stock code on `bar_surface` into `tiles.bar_rows`."""
     tiles.bar_key = None
     bar = pygame.surfarray.pixels2d(bar_surface)[:, H - HIDDEN_ROWS :].T  # (HIDDEN_ROWS, W) view
     shrink.shrink_pixels(
         bar, tiles.t_start, tiles.t_end, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate,
-        tiles.frame[H - HIDDEN_ROWS :],
+        tiles.bar_rows,
     )  # fmt: skip
     del bar  # unlocks the surface
 
 
 def _finish_exact(tiles: _Tiles) -> np.ndarray:
-    """smoothscale's Y pass over `tiles.frame` (X-shrunk world rows, flipped, then the bar rows): the frame."""
+    """smoothscale's Y pass over `tiles.frame` (X-shrunk world rows, flipped, then this env's bar rows): the frame."""
+    tiles.frame[H - HIDDEN_ROWS :] = tiles.bar_rows
     shrink.shrink_columns(
         tiles.frame, tiles.r_start, tiles.r_end, tiles.yc, tiles.yfrac, tiles.yrecip, tiles.shift, tiles.saturate,
         tiles.out,

@@ -23,7 +23,6 @@ from numba import njit
 from sim_bridges import shrink
 from sim_bridges.raster import COORD_LIMIT, H, W, apply_ops
 from sim_bridges.raster_car import _poly_runs
-from sim_bridges.render_geometry import HIDDEN_ROWS
 
 _MAX_TEXT_CACHE = 4096
 _WHITE, _BLUE, _VIOLET, _GREEN, _RED = 0xFFFFFF, 0x0000FF, 0x3300FF, 0x00FF00, 0xFF0000
@@ -150,7 +149,7 @@ class Fonts:
 
 
 def shrink_bar(tiles, env, score: str, like: pygame.Surface) -> bool:
-    """Draw and X-shrink the bar rows of `tiles.frame` (a `sim_bridges.shrink.Tiles`), or keep them where the
+    """Draw and X-shrink the bar rows into `tiles.bar_rows` (a `sim_bridges.shrink.Tiles`), or keep them where the
     rectangles and score are unchanged; False (frame rows unset) where the kernels decline."""
     rects = indicator_polygons(env.car)
     if rects is None:
@@ -165,7 +164,7 @@ def shrink_bar(tiles, env, score: str, like: pygame.Surface) -> bool:
     block = Fonts.block(score, like)
     if not draw_bar(rect_arr, block, text_rect.x, text_rect.y, tiles.bar_canvas()):
         return False
-    bar = tiles.frame[H - HIDDEN_ROWS :]
+    bar = tiles.bar_rows
     shrink.shrink_rows(tiles.bar_canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, bar, False)
     tiles.bar_key = key
     return True

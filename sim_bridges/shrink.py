@@ -18,6 +18,8 @@ commit).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from gymnasium.envs.box2d import car_racing as cr
 from numba import njit
@@ -145,9 +147,35 @@ def shrink_pixels(pixels, t_start, t_end, xc, xfrac, recip, shift, saturate, out
             c0, c1, c2 = (p0 * f) >> 16, (p1 * f) >> 16, (p2 * f) >> 16
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(n_tiles: int) -> tuple[np.ndarray, ...]:
+    """This thread's canvases and frame buffers, shared by every `Tiles` of the thread: a frame is drawn from scratch
+    into them within one `render_state_pixels` call, so K envs stepped in turn (K cars per process) write one set
+    of these ~0.5 MB every frame instead of K sets, which left the controller's weights and activations less of the
+    cache between its calls. Per thread, so envs rendered on two threads never share one."""
+    buffers = getattr(_SCRATCH, "buffers", None)
+    if buffers is None or buffers[0].shape[1] != n_tiles:
+        n_vis = H - HIDDEN_ROWS
+        buffers = _SCRATCH.buffers = (
+            np.zeros((n_vis, n_tiles), np.int32),  # a tile's colour, or -1 - its pool slot
+            np.zeros((n_vis * n_tiles, 16), np.int32),  # the pixel pool: every tile pooled, at worst
+            np.zeros(1, np.int64),  # pool slots handed out
+            np.zeros((H, cr.STATE_W * 3), np.uint8),  # X-shrunk: flipped world rows, then the bar
+            np.zeros((cr.STATE_H, cr.STATE_W * 3), np.uint8),  # the frame
+            np.zeros((HIDDEN_ROWS, n_tiles), np.int32),  # the bar's canvas (drawn whenever the bar changes)
+            np.zeros((HIDDEN_ROWS * n_tiles, 16), np.int32),
+            np.zeros(1, np.int64),
+        )
+    return buffers
+
+
 class Tiles:
     """Buffers and smoothscale geometry of `sim_bridges.fast_render`'s exact path (one smoothscale backend's maths):
-    the tiled world canvas of `sim_bridges.raster`, the bar's (`sim_bridges.indicators`), the X-shrunk frame."""
+    the tiled world canvas of `sim_bridges.raster`, the bar's (`sim_bridges.indicators`), the X-shrunk frame. The
+    canvases and frame buffers are the thread's (`_scratch`); the X-shrunk bar rows are this env's own, kept between
+    frames while the bar does not change."""
 
     def __init__(self, backend: str) -> None:
         sse = backend != "GENERIC"
@@ -161,16 +189,11 @@ class Tiles:
         self.r_start, self.r_end = np.concatenate([[0], rows[:-1] + 1]), rows
         top = 0x40000000 if sse else 1 << 32
         self.xrecip, self.yrecip = top // (unit * W // cr.STATE_W), top // (unit * H // cr.STATE_H)
-        n_vis = H - HIDDEN_ROWS
-        self.colour = np.zeros((n_vis, len(self.t_start)), np.int32)  # a tile's colour, or -1 - its pool slot
-        self.pool = np.zeros((n_vis * len(self.t_start), 16), np.int32)  # every tile pooled, at worst
-        self.used = np.zeros(1, np.int64)
-        self.frame = np.zeros((H, cr.STATE_W * 3), np.uint8)  # X-shrunk: flipped world rows, then the bar
-        self.out = np.zeros((cr.STATE_H, cr.STATE_W * 3), np.uint8)
-        self.bar_colour = np.zeros((HIDDEN_ROWS, len(self.t_start)), np.int32)  # the bar's own tiled canvas
-        self.bar_pool = np.zeros((HIDDEN_ROWS * len(self.t_start), 16), np.int32)
-        self.bar_used = np.zeros(1, np.int64)
-        self.bar_key: tuple | None = None  # (score string, rectangles) behind frame's bar rows
+        scratch = _scratch(len(self.t_start))
+        self.colour, self.pool, self.used, self.frame, self.out = scratch[:5]  # the world's tiled canvas, frame
+        self.bar_colour, self.bar_pool, self.bar_used = scratch[5:]  # the bar's tiled canvas
+        self.bar_rows = np.zeros((HIDDEN_ROWS, cr.STATE_W * 3), np.uint8)  # this env's X-shrunk bar
+        self.bar_key: tuple | None = None  # (score string, rectangles) behind bar_rows
 
     def canvas(self) -> tuple:
         """The `sim_bridges.raster` canvas tuple."""

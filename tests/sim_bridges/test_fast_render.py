@@ -66,6 +66,43 @@ def test_twin_envs_agree_every_step_across_resets(monkeypatch):
     assert isinstance(fast.clock, pygame.time.Clock) and fast.surf.get_size() == (fr.W, fr.H)
 
 
+def test_envs_rendered_in_turn_and_on_two_threads_match_stock():
+    """Envs of one thread share its canvases and frame buffers (shrink._scratch) and keep their own bar rows: three
+    envs stepped in turn (bars that differ and change, one kept unchanged while the others draw theirs) give stock's
+    frames; a fourth rendered on another thread at the same time uses that thread's own buffers."""
+    import threading
+
+    seeds, n = (0, 1, 2), 120
+    stock = []
+    for seed in seeds:  # the reference: each env alone
+        env = CarRacing()
+        env.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        stock.append([env.step(_action(k + 40 * seed, rng))[0] for k in range(n)])
+        env.close()
+    other: list[np.ndarray] = []
+
+    def drive_alone() -> None:
+        env = _fast_env()
+        env.reset(seed=seeds[0])
+        rng = np.random.default_rng(seeds[0])
+        other.extend(env.step(_action(k, rng))[0] for k in range(n))
+
+    fast = [_fast_env() for _ in seeds]
+    for env, seed in zip(fast, seeds, strict=True):
+        env.reset(seed=seed)
+    rngs = [np.random.default_rng(seed) for seed in seeds]
+    thread = threading.Thread(target=drive_alone)
+    thread.start()
+    for k in range(n):
+        for i, env in enumerate(fast):
+            obs = env.step(_action(k + 40 * i, rngs[i]))[0]
+            assert np.array_equal(obs, stock[i][k]), f"env {i} step {k}"
+    thread.join()
+    assert len(other) == n and all(np.array_equal(a, b) for a, b in zip(other, stock[0], strict=True))
+    assert fr._CACHES[fast[0]].tiles.colour is fr._CACHES[fast[1]].tiles.colour  # one canvas for the thread's envs
+
+
 def test_identical_under_domain_randomisation():
     """Float colours (domain_randomize) go through the same int conversions as stock."""
     env = CarRacing(domain_randomize=True)

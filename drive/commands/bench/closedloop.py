@@ -9,9 +9,9 @@ CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so
 skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
 expert's laps replayed open loop (drive/studies/closedloop_envs.py says why both), in `--rounds` rounds that
 alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
-K = 1, 4, 16, 32 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as start-up,
-one step of each env and a 3-step collect and eval: what a process pays once (imports, numba's kernels, pygame's
-font, checkpoints), which short timed rows would otherwise charge to their steps (EnvPool's subprocess likewise
+K = 1, 4, 16, 32 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as
+start-up, one step of each env and a 3-step collect and eval: what a process pays once (imports, numba's kernels,
+pygame's font, checkpoints), which short timed rows would otherwise charge to their steps (EnvPool's subprocess likewise
 times its step loop only). Collect and eval rates then count the whole run (pool workers' start-up, policy
 building, shards written) over all its steps; eval without failure prediction, whose nominal calibration laps would
 cost CPU the rate does not count (`failure_horizon=0`). Last, one controller call of the best K is timed back to back
