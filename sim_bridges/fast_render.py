@@ -150,6 +150,7 @@ def _world_exact(env, cache: _EnvCache, zoom: float, trans, rot) -> np.ndarray |
     None where its integer-range guarantees do not hold (the caller then draws with pygame)."""
     tiles = cache.tiles
     assert tiles is not None
+    tiles.bind()  # this thread's buffers (shared by its envs)
     field_x, field_y = _field(zoom, trans, rot)  # (1, 4)
     keep, ix, iy = _visible(env, cache, zoom, trans, rot)
     if not raster.poly_in_range(ix, iy):

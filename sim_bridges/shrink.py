@@ -189,11 +189,16 @@ class Tiles:
         self.r_start, self.r_end = np.concatenate([[0], rows[:-1] + 1]), rows
         top = 0x40000000 if sse else 1 << 32
         self.xrecip, self.yrecip = top // (unit * W // cr.STATE_W), top // (unit * H // cr.STATE_H)
+        self.bind()
+        self.bar_rows = np.zeros((HIDDEN_ROWS, cr.STATE_W * 3), np.uint8)  # this env's X-shrunk bar
+        self.bar_key: tuple | None = None  # (score string, rectangles) behind bar_rows
+
+    def bind(self) -> None:
+        """Draw into the calling thread's canvases and frame buffers (`fast_render` binds before every frame, so an
+        env handed to another thread never draws into buffers a thread it left is using)."""
         scratch = _scratch(len(self.t_start))
         self.colour, self.pool, self.used, self.frame, self.out = scratch[:5]  # the world's tiled canvas, frame
         self.bar_colour, self.bar_pool, self.bar_used = scratch[5:]  # the bar's tiled canvas
-        self.bar_rows = np.zeros((HIDDEN_ROWS, cr.STATE_W * 3), np.uint8)  # this env's X-shrunk bar
-        self.bar_key: tuple | None = None  # (score string, rectangles) behind bar_rows
 
     def canvas(self) -> tuple:
         """The `sim_bridges.raster` canvas tuple."""

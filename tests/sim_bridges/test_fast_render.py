@@ -69,7 +69,8 @@ def test_twin_envs_agree_every_step_across_resets(monkeypatch):
 def test_envs_rendered_in_turn_and_on_two_threads_match_stock():
     """Envs of one thread share its canvases and frame buffers (shrink._scratch) and keep their own bar rows: three
     envs stepped in turn (bars that differ and change, one kept unchanged while the others draw theirs) give stock's
-    frames; a fourth rendered on another thread at the same time uses that thread's own buffers."""
+    frames; a fourth rendered on another thread at the same time uses that thread's own buffers, and so does an env
+    handed to another thread."""
     import threading
 
     seeds, n = (0, 1, 2), 120
@@ -101,6 +102,12 @@ def test_envs_rendered_in_turn_and_on_two_threads_match_stock():
     thread.join()
     assert len(other) == n and all(np.array_equal(a, b) for a, b in zip(other, stock[0], strict=True))
     assert fr._CACHES[fast[0]].tiles.colour is fr._CACHES[fast[1]].tiles.colour  # one canvas for the thread's envs
+    handed_over: list[np.ndarray] = []  # an env made on this thread, stepped on another: that thread's buffers
+    rng = np.random.default_rng(seeds[1])
+    moved = threading.Thread(target=lambda: handed_over.extend(fast[1].step(_action(n + 40, rng))[0] for _ in "ab"))
+    moved.start()
+    moved.join()
+    assert fr._CACHES[fast[1]].tiles.colour is not fr._CACHES[fast[0]].tiles.colour and len(handed_over) == 2
 
 
 def test_identical_under_domain_randomisation():
