@@ -70,7 +70,7 @@ def apply_ops(ops, n_ops, cv):
 
     False, painting nothing, if the pool might run out (an op takes at most two new slots): the caller falls back.
     An opaque run sets the tiles it covers whole in a plain store loop and paints pixels only in its (at most two)
-    partly covered end tiles (draw_world on 540 recorded frames of a random drive: 0.42 -> 0.33 ms).
+    partly covered end tiles, as `draw_world` does in its own loop. Used for the car and the bar.
     """
     hidden, colour, pool, used, tile_of, t_start, t_end = cv
     if used[0] + 2 * n_ops > pool.shape[0]:

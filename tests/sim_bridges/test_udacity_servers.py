@@ -64,7 +64,10 @@ def test_shipped_checkpoint_drives_carracing_through_each_server(kind, tmp_path)
     import json
 
     session = json.loads((tmp_path / "session.json").read_text())
-    assert session["server"]["refused"] == sum(report.malformed_sent.values())
+    # every malformed frame the server read was refused; one still in flight when the drive stops at --max-steps is
+    # never read (the simulator's two chains, as `outstanding` above): seen once under load in the full suite
+    sent = sum(report.malformed_sent.values())
+    assert sent - 2 <= session["server"]["refused"] <= sent
     assert session["server"]["answered.steer"] >= 40
 
 
