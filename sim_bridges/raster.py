@@ -162,6 +162,47 @@ def _fill_spans(vx, vy, hidden, ints, spans):
 
 
 @njit(cache=True)
+def _paint_fill(spans, lo, hi, c, cv):
+    """The fill's runs of rows lo..hi (`_fill_spans`) in colour c: whole tiles in a store loop, pixels only in the
+    end tiles. One call per polygon (a per-pixel helper would cost reference counting at every call). False if the
+    pool of pixel tiles would overflow."""
+    hidden, colour, pool, used, tile_of, t_start, t_end = cv
+    n_pool = pool.shape[0]
+    for y in range(lo, hi + 1):
+        r = y - hidden
+        for m in range(spans[r, 0]):
+            ok, xa, xb = clip_run(y, spans[r, 1 + 2 * m], spans[r, 2 + 2 * m], hidden)
+            if not ok:
+                continue
+            ja, jb = tile_of[xa], tile_of[xb]
+            full_a = ja if xa == t_start[ja] else ja + 1
+            full_b = jb if xb == t_end[jb] else jb - 1
+            for j in range(full_a, full_b + 1):
+                colour[r, j] = c
+            part_a = ja if full_a != ja else -1
+            part_b = jb if full_b != jb and jb != part_a else -1
+            for e in range(2):
+                j = part_a if e == 0 else part_b
+                if j < 0:
+                    continue
+                cj = colour[r, j]
+                if cj >= 0:  # a uniform tile: unchanged, or its pixels go to a new pool slot
+                    if cj == c:
+                        continue
+                    if used[0] >= n_pool:
+                        return False
+                    slot = used[0]
+                    used[0] += 1
+                    for q in range(t_end[j] - t_start[j] + 1):
+                        pool[slot, q] = cj
+                    colour[r, j] = -slot - 1
+                slot = -colour[r, j] - 1
+                for x in range(max(xa, t_start[j]), min(xb, t_end[j]) + 1):
+                    pool[slot, x - t_start[j]] = c
+    return True
+
+
+@njit(cache=True)
 def draw_world(polys_x, polys_y, colours, bg, cv):
     """Reset every surviving row to `bg`, then gfxdraw.aapolygon + gfxdraw.filled_polygon each polygon, in order.
 
@@ -185,37 +226,8 @@ def draw_world(polys_x, polys_y, colours, bg, cv):
         for y in range(lo, hi + 1):
             if spans[y - hidden, 0] == -1:
                 return False
-        for y in range(lo, hi + 1):  # the fill: whole tiles in a store loop, pixels only in the end tiles
-            r = y - hidden
-            for m in range(spans[r, 0]):
-                ok, xa, xb = clip_run(y, spans[r, 1 + 2 * m], spans[r, 2 + 2 * m], hidden)
-                if not ok:
-                    continue
-                ja, jb = tile_of[xa], tile_of[xb]
-                full_a = ja if xa == t_start[ja] else ja + 1
-                full_b = jb if xb == t_end[jb] else jb - 1
-                for j in range(full_a, full_b + 1):
-                    colour[r, j] = c
-                part_a = ja if full_a != ja else -1
-                part_b = jb if full_b != jb and jb != part_a else -1
-                for e in range(2):
-                    j = part_a if e == 0 else part_b
-                    if j < 0:
-                        continue
-                    cj = colour[r, j]
-                    if cj >= 0:  # a uniform tile: unchanged, or its pixels go to a new pool slot
-                        if cj == c:
-                            continue
-                        if used[0] >= n_pool:
-                            return False
-                        slot = used[0]
-                        used[0] += 1
-                        for q in range(t_end[j] - t_start[j] + 1):
-                            pool[slot, q] = cj
-                        colour[r, j] = -slot - 1
-                    slot = -colour[r, j] - 1
-                    for x in range(max(xa, t_start[j]), min(xb, t_end[j]) + 1):
-                        pool[slot, x - t_start[j]] = c
+        if not _paint_fill(spans, lo, hi, c, cv):
+            return False
         n = vx.shape[0]
         for i in range(n):  # the outline, edge by edge, each pixel as `aaline` writes it
             i2 = i + 1 if i + 1 < n else 0
