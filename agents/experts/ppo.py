@@ -173,6 +173,11 @@ class PPOExpert:
     def reset(self) -> None:
         pass
 
+    @property
+    def lane_key(self) -> tuple[str, int]:
+        """Experts with equal keys answer in one `act_many` call (drive/loop/lanes.py `expert_lanes`): one policy."""
+        return ("ppo", id(self.policy))
+
     def act(self, state: np.ndarray) -> np.ndarray:
         return self.act_many(np.asarray(state, dtype=np.float32)[None])[0]
 

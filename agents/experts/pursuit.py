@@ -58,7 +58,7 @@ class PursuitConfig:
 
 
 class PurePursuit:
-    """Expert interface: `reset()`, `act(state) -> (3,) float32` (steer, gas, brake)."""
+    """Expert interface: `reset()`, `act(state) -> (3,) float32` (steer, gas, brake); `act_many` for K cars."""
 
     def __init__(self, cfg: PursuitConfig):
         self.cfg = cfg
@@ -73,29 +73,62 @@ class PurePursuit:
     def reset(self) -> None:
         pass
 
+    @property
+    def lane_key(self) -> PursuitConfig:
+        """Experts with equal keys answer in one `act_many` call (drive/loop/lanes.py `expert_lanes`)."""
+        return self.cfg
+
     def target_speed(self, state: np.ndarray) -> float:
+        return float(self.target_speeds(np.asarray(state, dtype=np.float64)[None])[0])
+
+    def target_speeds(self, states: np.ndarray) -> np.ndarray:  # (K, n_state) float64 -> (K,)
         c = self.cfg
-        dirs = state[self.idir].astype(np.float64)  # (K,) centreline direction relative to the car heading
+        dirs = states[:, self.idir]  # (K, n) centreline direction relative to the car heading
         # curvature between consecutive samples: heading change over arc length (the car's own heading cancels)
-        kappa = np.maximum(np.abs(np.diff(dirs)) / np.diff(self.d), 1e-4)  # (K-1,)
-        v_corner = np.sqrt(c.a_lat / kappa)  # (K-1,)
-        v_allowed = np.sqrt(v_corner**2 + 2.0 * c.a_brake * self.d[:-1])  # (K-1,) brake from here to there
-        return float(min(c.v_max, v_allowed.min()))
+        kappa = np.maximum(np.abs(np.diff(dirs, axis=1)) / np.diff(self.d), 1e-4)  # (K, n-1)
+        v_corner = np.sqrt(c.a_lat / kappa)  # (K, n-1)
+        v_allowed = np.sqrt(v_corner**2 + 2.0 * c.a_brake * self.d[:-1]).min(axis=1)  # (K,) brake from there
+        return np.where(v_allowed < c.v_max, v_allowed, c.v_max)  # Python's min(v_max, v): v_max where v is nan
 
     def act(self, state: np.ndarray) -> np.ndarray:
-        c = self.cfg
         state = np.asarray(state, dtype=np.float64)
         if state.shape != (self.n_state,):
             raise ValueError(f"pure pursuit expects a state of shape ({self.n_state},), got {state.shape}")
-        speed = state[self.i_speed]
-        l_d = np.clip(c.k_speed * speed + c.l_0, c.l_min, c.l_max)
-        x = np.interp(l_d, self.d, state[self.ix])
-        y = np.interp(l_d, self.d, state[self.iy])
-        kappa = 2.0 * y / max(x * x + y * y, 1e-6)
-        delta = np.arctan(c.wheelbase * kappa)  # + = turn left
-        steer = float(np.clip(-delta / c.max_wheel_angle, -1.0, 1.0))
-        v_target = self.target_speed(state)
-        err = v_target - speed
-        gas = float(np.clip(c.k_gas * err, 0.0, 1.0)) * (1.0 - 0.7 * abs(steer))
-        brake = float(np.clip(-c.k_brake * err, 0.0, c.brake_max))
-        return np.array([steer, gas, brake], dtype=np.float32)
+        return self.act_many(state[None])[0]
+
+    def act_many(self, states: np.ndarray) -> np.ndarray:
+        """(K, n_state) states -> (K, 3) float32 actions, each row its own: elementwise numpy on float64 (and
+        `_interp_rows`, np.interp's arithmetic per row), so K cars in one call get what each gets alone."""
+        c = self.cfg
+        states = np.asarray(states, dtype=np.float64)
+        if states.ndim != 2 or states.shape[1] != self.n_state:
+            raise ValueError(f"pure pursuit expects states of shape (K, {self.n_state}), got {states.shape}")
+        speed = states[:, self.i_speed]  # (K,)
+        l_d = np.clip(c.k_speed * speed + c.l_0, c.l_min, c.l_max)  # (K,)
+        x = _interp_rows(l_d, self.d, states[:, self.ix])  # (K,) the look-ahead point, car frame
+        y = _interp_rows(l_d, self.d, states[:, self.iy])
+        kappa = 2.0 * y / np.maximum(x * x + y * y, 1e-6)
+        delta = np.arctan(c.wheelbase * kappa)  # (K,) + = turn left
+        steer = np.clip(-delta / c.max_wheel_angle, -1.0, 1.0)
+        err = self.target_speeds(states) - speed
+        gas = np.clip(c.k_gas * err, 0.0, 1.0) * (1.0 - 0.7 * np.abs(steer))
+        brake = np.clip(-c.k_brake * err, 0.0, c.brake_max)
+        return np.stack([steer, gas, brake], axis=1).astype(np.float32)  # (K, 3)
+
+
+def _interp_rows(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """Row k: np.interp(x[k], xp, fp[k]) with numpy's arithmetic (numpy/_core/src/multiarray/compiled_base.c
+    `arr_interp`): the end values outside xp, fp[j] where x equals xp[j], else slope * (x - xp[j]) + fp[j] with
+    slope = (fp[j+1] - fp[j]) / (xp[j+1] - xp[j]), retried from j + 1 when that is nan. x (K,), xp (n,), fp (K, n)."""
+    n = len(xp)
+    j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, n - 2)  # (K,) xp[j] <= x < xp[j+1] inside
+    rows = np.arange(len(x))
+    f0, f1 = fp[rows, j], fp[rows, j + 1]  # (K,)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = (f1 - f0) / (xp[j + 1] - xp[j])
+        out = slope * (x - xp[j]) + f0
+        retry = slope * (x - xp[j + 1]) + f1
+    out = np.where(np.isnan(out), np.where(np.isnan(retry) & (f0 == f1), f0, retry), out)
+    out = np.where(x == xp[j], f0, out)
+    out = np.where(x < xp[0], fp[:, 0], np.where(x >= xp[-1], fp[:, -1], out))
+    return np.where(np.isnan(x), x, out)

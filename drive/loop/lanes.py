@@ -4,9 +4,9 @@
   one generator per lane (`LaneGenerators`), per lane its prediction, internals (taken from the batch only when
   read) and the call's latency. A lane's prediction is the one it gets alone, bit for bit
   (tests/drive/loop/test_lanes.py), so records do not depend on K.
-- `expert_lanes`: the experts' actions on the lanes' states, one call for the lanes sharing a PPO expert (each row
-  computed alone, agents/experts/ppo.py), so `drive collect --envs K`, the DAgger labels and the shadow experts of
-  `drive eval` pay one expert call per step, not K.
+- `expert_lanes`: the experts' actions on the lanes' states, one call for the lanes sharing an expert (PPO or pure
+  pursuit; each row computed alone, agents/experts/), so `drive collect --envs K`, the DAgger labels and the
+  shadow experts of `drive eval` pay one expert call per step, not K.
 - `act_lanes`: each lane's step; lanes whose policy is, or wraps through `lane_inner`, a controller policy of one
   shared model go through one `predict_lanes` call (their shadow experts through one `expert_lanes` call), then
   each lane's `decide` and its wrappers' `wrap`; lanes driven by an expert through one `expert_lanes` call; any
@@ -99,15 +99,16 @@ def predict_lanes(lanes: Sequence[Any], frames: Sequence[np.ndarray]
 
 
 def expert_lanes(experts: Sequence[Any], states: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Each expert's (3,) action on its state: experts sharing one policy and answering `act_many` (the PPO expert)
-    in one call, each row what it gets alone (agents/experts/ppo.py); any other expert acts alone."""
-    groups: dict[int, list[int]] = {}
+    """Each expert's (3,) action on its state: experts of one `lane_key` (the PPO expert: its policy; pure pursuit:
+    its config) in one `act_many` call, each row what it gets alone (agents/experts/); any other expert acts
+    alone."""
+    groups: dict[Any, list[int]] = {}
     for i, expert in enumerate(experts):
-        if hasattr(expert, "act_many") and hasattr(expert, "policy"):
-            groups.setdefault(id(expert.policy), []).append(i)
+        if hasattr(expert, "act_many") and hasattr(expert, "lane_key"):
+            groups.setdefault(expert.lane_key, []).append(i)
     outs: list[np.ndarray | None] = [None] * len(experts)
     for members in groups.values():
-        actions = experts[members[0]].act_many(np.stack([np.asarray(states[i], np.float32) for i in members]))
+        actions = experts[members[0]].act_many(np.stack([np.asarray(states[i]) for i in members]))
         for i, action in zip(members, actions, strict=True):
             outs[i] = action
     return [np.asarray(e.act(s) if out is None else out, np.float32)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -44,6 +46,42 @@ def test_pursuit_steers_towards_the_path_and_slows_for_bends():
     assert expert.act(straight_state)[1] > 0 and expert.act(straight_state)[2] == 0
     with pytest.raises(ValueError, match="shape"):
         expert.act(np.zeros(5, np.float32))
+
+
+def _pursuit_alone(expert, state: np.ndarray) -> np.ndarray:
+    """Pure pursuit on one state, written out scalar by scalar with np.interp (the expert before it took lanes)."""
+    c, s = expert.cfg, np.asarray(state, np.float64)
+    speed = s[expert.i_speed]
+    l_d = np.clip(c.k_speed * speed + c.l_0, c.l_min, c.l_max)
+    x, y = np.interp(l_d, expert.d, s[expert.ix]), np.interp(l_d, expert.d, s[expert.iy])
+    steer = float(np.clip(-np.arctan(c.wheelbase * 2.0 * y / max(x * x + y * y, 1e-6)) / c.max_wheel_angle, -1, 1))
+    kappa = np.maximum(np.abs(np.diff(s[expert.idir])) / np.diff(expert.d), 1e-4)
+    v_target = min(c.v_max, np.sqrt(np.sqrt(c.a_lat / kappa) ** 2 + 2.0 * c.a_brake * expert.d[:-1]).min())
+    err = v_target - speed
+    gas = float(np.clip(c.k_gas * err, 0.0, 1.0)) * (1.0 - 0.7 * abs(steer))
+    return np.array([steer, gas, float(np.clip(-c.k_brake * err, 0.0, c.brake_max))], np.float32)
+
+
+def test_pursuit_on_many_states_at_once_is_each_state_alone_bit_for_bit():
+    """`act_many` (K lanes' shadow experts in one call) against the scalar maths, random states and the edges of
+    np.interp: look-ahead before the first sample, on a sample, past the last, nan and inf entries."""
+    base = load_expert("pursuit")
+    rng = np.random.default_rng(0)
+    states = np.concatenate([rng.normal(size=(400, STATE_DIM)) * scale for scale in (0.1, 3.0, 60.0)])
+    states[::3, IDX["speed"]] = rng.choice([0.0, 5.0, 4 / 0.35, 20.0, 24 / 0.35, 400.0, np.nan, np.inf], size=400)
+    states[::7, IDX["ahead_x_15"]] = np.nan
+    states[::5, IDX["ahead_x_10"]] = np.inf  # with the next sample inf too (rows 0, 10, ..): np.interp's retries
+    states[::2, IDX["ahead_x_15"]] = np.where(
+        np.arange(len(states))[::2] % 5 == 0, np.inf, states[::2, IDX["ahead_x_15"]]
+    )
+    states[::13, IDX["ahead_dir_20"]] = np.nan
+    for expert in (base, type(base)(dataclasses.replace(base.cfg, l_min=0.5, l_0=0.0, l_max=200.0))):
+        for batch in (states, states.astype(np.float32)):  # the env's states are float32
+            with np.errstate(all="ignore"):
+                alone = np.array([_pursuit_alone(expert, s) for s in batch])
+                together = expert.act_many(batch)
+            assert np.isnan(alone).any() and np.isfinite(alone).sum() > 0.9 * alone.size
+            assert np.array_equal(together, alone, equal_nan=True)
 
 
 def test_pursuit_drives_the_start_of_a_track():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,27 @@ def test_the_ppo_expert_answers_each_lane_what_it_answers_alone():
     mixed = expert_lanes([ppo, pursuit, ppo], [states[0], states[1], states[2]])
     assert np.array_equal(mixed[0], alone[0]) and np.array_equal(mixed[2], alone[2])
     assert np.array_equal(mixed[1], pursuit.act(states[1]))
+
+
+def test_pure_pursuit_lanes_answer_in_one_call_what_each_answers_alone(monkeypatch):
+    """Copies of one pursuit expert (the lanes' shadow experts) share a key and answer in one `act_many` call,
+    each row bit for bit its single answer; an expert of another config is its own group, in lane order."""
+    pursuit = load_expert("pursuit")
+    other = type(pursuit)(dataclasses.replace(pursuit.cfg, wheelbase=2.0))
+    states = np.random.default_rng(1).normal(size=(7, pursuit.n_state)) * 20
+    calls, act_many = [], type(pursuit).act_many
+
+    def counted(self, s):
+        calls.append(len(s))
+        return act_many(self, s)
+
+    monkeypatch.setattr(type(pursuit), "act_many", counted)
+    experts = [c.expert for c in lane_copies(ExpertPolicy(pursuit), 5)] + [other, pursuit]
+    got = expert_lanes(experts, list(states))
+    assert sorted(calls) == [1, 6]
+    expected = [e.act(s) for e, s in zip(experts, states, strict=True)]
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert not np.array_equal(got[5], pursuit.act(states[5]))  # the other config steers its own way
 
 
 @pytest.mark.skipif(not NSAC.exists(), reason="the shipped checkpoint is absent")
