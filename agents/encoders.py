@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from numba import njit
 from torch import Tensor, nn
 
 from agents.checks import at_least, one_of
@@ -67,14 +69,32 @@ class SequenceTokens(nn.Module):
         return torch.relu(self.embed(x) + self.position[: x.shape[1]])
 
 
+@njit(cache=True)
+def _slide(words, prev, slid):  # pragma: no cover - compiled
+    """slid[b]: row b's first T - 1 frames are the last T - 1 of the previous call's row b (prev); then prev takes
+    this call's last T - 1. words (B, T, n), prev (B, T - 1, n): the frames' bytes as uint64 words, compared
+    without a branch per word (vectorised)."""
+    for b in range(words.shape[0]):
+        diff = np.uint64(0)
+        for i in range(prev.shape[1]):
+            for w in range(words.shape[2]):
+                diff |= words[b, i, w] ^ prev[b, i, w]
+        slid[b] = diff == 0
+        prev[b] = words[b, 1:]
+
+
 class FrameTokens(nn.Module):
     """CNN per 84x84 frame -> one token per frame.
 
     In closed loop (`remember_frames(True)`, set by drive/loop/policies.py) a frame's token is computed once: a stack
-    of k frames slides by one frame per step, so k - 1 of each step's frames were encoded before. The memo is keyed
-    by the frame's bytes (exact), holds the FRAME_MEMO frames used last, is used only without autograd on uint8
-    input, and encodes the new frames in a batch of at least `agents.lanes.MIN_ROWS` rows, so every token equals the
-    one the full stack computes (tests/drive/loop/test_lanes.py). Cuts the encoder's cost per step about k-fold.
+    of k frames slides by one frame per step, so k - 1 of each step's frames were encoded before. A row whose first
+    k - 1 frames are, byte for byte, the last k - 1 of the previous call's same row (a car's next step) takes their
+    tokens from that call and encodes only its newest frame. Other rows (a car's first step, a batch of another
+    shape) go through a memo keyed by the frame's bytes, which holds the FRAME_MEMO frames used last. Used only
+    without autograd on uint8 input; the new frames are encoded in one batch of at least `agents.lanes.MIN_ROWS`
+    rows, so every token equals the one the full stack computes (tests/drive/loop/test_lanes.py). Cuts the
+    encoder's cost per step about k-fold; the slide, not the bytes keys, so that 32 cars do not hash 128 frames of
+    7 KB per step.
     """
 
     FRAME_MEMO = 4096
@@ -89,9 +109,11 @@ class FrameTokens(nn.Module):
         )  # fmt: skip
         self.position = nn.Parameter(torch.zeros(cfg.n_tokens, cfg.d_model))
         self.memo: dict[bytes, Tensor] | None = None
+        self._last: tuple[np.ndarray, Tensor] | None = None  # the previous call's last k - 1 frames, its tokens
 
     def remember_frames(self, on: bool = True) -> None:
         self.memo = {} if on else None
+        self._last = None
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, 84, 84) -> (B, T, d)
         b, t = x.shape[:2]
@@ -103,24 +125,45 @@ class FrameTokens(nn.Module):
 
     def _remembered(self, x: Tensor) -> Tensor:  # (B, T, 84, 84) uint8 -> (B, T, d) before the position term
         assert self.memo is not None
-        frames = x.reshape(-1, *x.shape[2:])  # (B*T, 84, 84)
-        host = frames.cpu().numpy()  # (B*T, 84, 84): no copy on the CPU
-        keys = [host[i].tobytes() for i in range(len(host))]  # numpy slices: ~5x cheaper than tensor rows
-        new = {key: i for i, key in enumerate(keys) if key not in self.memo}  # first row of each unseen frame
+        host = np.ascontiguousarray(x.cpu().numpy())  # (B, T, 84, 84): no copy on the CPU
+        b, t = host.shape[:2]
+        slid = np.zeros(b, np.bool_)
+        last = self._last
+        size = host[0, 0].size
+        if last is not None and t > 1 and size % 8 == 0 and last[0].shape == (b, t - 1, size // 8):
+            _slide(host.reshape(b, t, size).view(np.uint64), last[0], slid)  # (B,)
+            prev = last[0]
+        else:
+            prev = host[:, 1:].reshape(b, t - 1, size).copy()  # (B, T-1, 84*84) bytes
+            prev = prev.view(np.uint64) if size % 8 == 0 else prev
+        rows = np.flatnonzero(~slid)  # (R,) rows through the bytes memo
+        keys = [host[r, i].tobytes() for r in rows for i in range(t)]  # (R*T,) numpy slices: cheaper than tensors
+        new = {key: n for n, key in enumerate(keys) if key not in self.memo}  # first of each unseen frame
         for key in dict.fromkeys(k for k in keys if k not in new):  # a frame seen again is the newest again
             self.memo[key] = self.memo.pop(key)
+        slid_rows = np.flatnonzero(slid)  # (S,)
+        batch = [x[slid_rows, t - 1]] if len(slid_rows) else []  # (S, 84, 84) the slid rows' newest frames
         if new:
-            rows = frames[list(new.values())]  # (N, 84, 84)
-            pad = max(0, MIN_ROWS - len(rows))
-            rows = torch.cat([rows, rows[:1].expand(pad, *rows.shape[1:])]) if pad else rows
-            tokens = self.cnn(rows.unsqueeze(1).float() / 255.0)  # (max(N, MIN_ROWS), d)
-            for key, token in zip(new, tokens, strict=False):
+            picks = torch.as_tensor([[rows[n // t], n % t] for n in new.values()])  # (N, 2)
+            batch.append(x[picks[:, 0], picks[:, 1]])  # (N, 84, 84)
+        out = torch.empty(b, t, self.cnn[-2].out_features, device=x.device)  # (B, T, d)
+        if batch:
+            fresh = torch.cat(batch)  # (S + N, 84, 84)
+            pad = max(0, MIN_ROWS - len(fresh))
+            fresh = torch.cat([fresh, fresh[:1].expand(pad, *fresh.shape[1:])]) if pad else fresh
+            tokens = self.cnn(fresh.unsqueeze(1).float() / 255.0)  # (max(S + N, MIN_ROWS), d)
+            if len(slid_rows):
+                out[slid_rows, t - 1] = tokens[: len(slid_rows)]
+                out[slid_rows, : t - 1] = last[1][slid_rows, 1:]  # type: ignore[index]
+            for key, token in zip(new, tokens[len(slid_rows) :], strict=False):
                 self.memo[key] = token
-        out = torch.stack([self.memo[key] for key in keys]).reshape(*x.shape[:2], -1)
+        if len(rows):
+            out[rows] = torch.stack([self.memo[key] for key in keys]).reshape(len(rows), t, -1)
         # least recently used first, after this call's tokens are taken: a frame of this very batch (a uniform
         # off-track view, seen long ago) is never evicted before it is read
         while len(self.memo) > self.FRAME_MEMO:
             del self.memo[next(iter(self.memo))]
+        self._last = (prev, out)
         return out
 
 

@@ -243,6 +243,35 @@ def test_sde_net_diffusion_learns_to_separate_perturbed_inputs():
     assert F.mse_loss(model.predict(x, 16).mean, y) < F.mse_loss(y.mean(0).expand_as(y), y)
 
 
+def test_a_slid_frame_stack_reuses_its_row_s_tokens_and_every_token_equals_the_uncached_one():
+    """Five cars' stacks slide by one frame per call; car 2 restarts (its first frame four times), a car leaves
+    (the rows shift), a frame changes in place (must not be taken for the old one): every call equals the encoder
+    without memory, bit for bit, and only rows that did not slide reach the bytes memo."""
+    from agents.encoders import EncoderConfig, FrameTokens
+
+    torch.manual_seed(0)
+    enc = FrameTokens(EncoderConfig(kind="frames", in_dim=1, n_tokens=4, d_model=8)).eval()
+    streams = torch.randint(0, 255, (5, 12, 84, 84), dtype=torch.uint8)  # (car, time, 84, 84)
+    batches = [streams[:, n : n + 4].clone() for n in range(6)]  # (5, 4, 84, 84) each
+    batches[3][2] = streams[2, 11].expand(4, 84, 84)  # car 2 restarts
+    batches[4][2] = torch.stack([streams[2, 11]] * 3 + [streams[2, 10]])
+    batches.append(streams[1:, 6:10].clone())  # car 0 left: the rows shift
+    batches.append(streams[1:, 7:11].clone())
+    batches[-1][0, 1, 40, 40] ^= 1  # one byte of an old frame differs: not the previous call's frame
+    with torch.no_grad():
+        plain = [enc(x) for x in batches]
+        enc.remember_frames(True)
+        memo_sizes, cached = [], []
+        for x in batches:
+            cached.append(enc(x))
+            memo_sizes.append(len(enc.memo))
+    assert all(torch.equal(a, b) for a, b in zip(plain, cached, strict=True))
+    # 0: 5 x 4 new frames; 1, 2: slid; 3: car 2's restart frame; 4: car 2 slid too (its last three frames were
+    # the restart frame); 5: car 2's stack of the stream again (4 new); 6: rows shifted, 13 of 16 frames new (car
+    # 2's three of call 5 are known); 7: row 0 not slid, its changed frame and its newest one new
+    assert memo_sizes == [20, 20, 20, 21, 21, 25, 38, 40]
+
+
 def test_the_frame_memo_never_evicts_a_frame_of_the_batch_it_is_reading(monkeypatch):
     """A frame seen long ago and seen again (a uniform off-track view) while the memo is full: the tokens are read
     before anything is evicted, the memo keeps the frames used last, and every token equals the uncached one."""
