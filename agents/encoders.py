@@ -141,8 +141,9 @@ class FrameTokens(nn.Module):
         new = {key: n for n, key in enumerate(keys) if key not in self.memo}  # first of each unseen frame
         for key in dict.fromkeys(k for k in keys if k not in new):  # a frame seen again is the newest again
             self.memo[key] = self.memo.pop(key)
-        slid_rows = np.flatnonzero(slid)  # (S,)
-        batch = [x[slid_rows, t - 1]] if len(slid_rows) else []  # (S, 84, 84) the slid rows' newest frames
+        n_slid = int(slid.sum())
+        slid_rows = slice(None) if n_slid == b else torch.from_numpy(np.flatnonzero(slid))  # (S,) all: a slice
+        batch = [x[slid_rows, t - 1]] if n_slid else []  # (S, 84, 84) the slid rows' newest frames
         if new:
             picks = torch.as_tensor([[rows[n // t], n % t] for n in new.values()])  # (N, 2)
             batch.append(x[picks[:, 0], picks[:, 1]])  # (N, 84, 84)
@@ -152,10 +153,10 @@ class FrameTokens(nn.Module):
             pad = max(0, MIN_ROWS - len(fresh))
             fresh = torch.cat([fresh, fresh[:1].expand(pad, *fresh.shape[1:])]) if pad else fresh
             tokens = self.cnn(fresh.unsqueeze(1).float() / 255.0)  # (max(S + N, MIN_ROWS), d)
-            if len(slid_rows):
-                out[slid_rows, t - 1] = tokens[: len(slid_rows)]
+            if n_slid:
+                out[slid_rows, t - 1] = tokens[:n_slid]
                 out[slid_rows, : t - 1] = last[1][slid_rows, 1:]  # type: ignore[index]
-            for key, token in zip(new, tokens[len(slid_rows) :], strict=False):
+            for key, token in zip(new, tokens[n_slid:], strict=False):
                 self.memo[key] = token
         if len(rows):
             out[rows] = torch.stack([self.memo[key] for key in keys]).reshape(len(rows), t, -1)
