@@ -21,7 +21,7 @@ import pygame
 from numba import njit
 
 from sim_bridges import shrink
-from sim_bridges.raster import COORD_LIMIT, H, W, apply_ops
+from sim_bridges.raster import COORD_LIMIT, SLOT, H, W, apply_ops
 from sim_bridges.raster_car import _poly_runs
 
 _MAX_TEXT_CACHE = 4096
@@ -100,7 +100,7 @@ def draw_bar(rects, block, bx, by, cv):
                     return False
                 slot = used[0]
                 used[0] += 1
-                for q in range(t_end[j] - t_start[j] + 1):
+                for q in range(SLOT):  # the whole slot: one vector store
                     pool[slot, q] = cj
                 colour[r, j] = -slot - 1
             slot = -colour[r, j] - 1

@@ -26,7 +26,10 @@ stay one colour. Why this layout (each choice kept because it was faster on reco
   which showed even for a helper that only moves a tile to the pool: `draw_world` therefore paints runs and
   outline pixels in its own loop, the tile-to-pool step written out where needed, and the car and the bar, a few
   polygons each, queue op rows ``(y, xa, xb, colour, alpha)`` for one `apply_ops` loop per polygon;
-- numba's array sort on the 2-4 crossings of a row cost more than the rest of the fill (insertion sort instead).
+- numba's array sort on the 2-4 crossings of a row cost more than the rest of the fill (insertion sort instead);
+- a pool slot is `SLOT` = 16 pixels, a tile 10 or 11: a tile moved to the pool, and a fill run's end tile, are
+  written as one branch-free select over the whole slot, padding included (no kernel reads past a tile's width),
+  which numba vectorises, instead of a loop over the tile's pixels and then the run's.
 
 Integer ranges: kernels work in int64; the caller checks with `poly_in_range` that SDL_gfx's int32 maths and its
 subtracting qsort comparator cannot overflow (|coordinate| < 4096), so int64 and int32 agree, and falls back to
@@ -42,6 +45,7 @@ from sim_bridges.aaline import aaline
 from sim_bridges.render_geometry import H, W
 
 COORD_LIMIT = 4096
+SLOT = 16  # pixels of a pool slot: a tile is 10 or 11, the rest padding no kernel reads
 
 
 def poly_in_range(ix: np.ndarray, iy: np.ndarray) -> bool:
@@ -98,7 +102,7 @@ def apply_ops(ops, n_ops, cv):
                     continue
                 slot = used[0]
                 used[0] += 1
-                for q in range(t_end[j] - t_start[j] + 1):
+                for q in range(SLOT):  # the whole slot: one vector store
                     pool[slot, q] = cj
                 colour[r, j] = -slot - 1
             slot = -colour[r, j] - 1
@@ -186,19 +190,21 @@ def _paint_fill(spans, lo, hi, c, cv):
                 if j < 0:
                     continue
                 cj = colour[r, j]
-                if cj >= 0:  # a uniform tile: unchanged, or its pixels go to a new pool slot
+                qa, qb = max(xa, t_start[j]) - t_start[j], min(xb, t_end[j]) - t_start[j]  # the run in the tile
+                if cj >= 0:  # a uniform tile: unchanged, or its pixels go to a new pool slot, the run painted
                     if cj == c:
                         continue
                     if used[0] >= n_pool:
                         return False
                     slot = used[0]
                     used[0] += 1
-                    for q in range(t_end[j] - t_start[j] + 1):
-                        pool[slot, q] = cj
+                    for q in range(SLOT):  # the whole slot, padding included: one branch-free vector store
+                        pool[slot, q] = c if qa <= q <= qb else cj
                     colour[r, j] = -slot - 1
-                slot = -colour[r, j] - 1
-                for x in range(max(xa, t_start[j]), min(xb, t_end[j]) + 1):
-                    pool[slot, x - t_start[j]] = c
+                else:
+                    slot = -cj - 1
+                    for q in range(SLOT):
+                        pool[slot, q] = c if qa <= q <= qb else pool[slot, q]
     return True
 
 
@@ -250,7 +256,7 @@ def draw_world(polys_x, polys_y, colours, bg, cv):
                         return False
                     slot = used[0]
                     used[0] += 1
-                    for q in range(t_end[j] - t_start[j] + 1):
+                    for q in range(SLOT):  # the whole slot: one vector store
                         pool[slot, q] = cj
                     colour[r, j] = -slot - 1
                 slot = -colour[r, j] - 1
