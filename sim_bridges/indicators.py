@@ -63,18 +63,25 @@ def indicator_polygons(car) -> list[tuple[int, ...]] | None:
     return out
 
 
-def text_block(text: pygame.Surface, like: pygame.Surface) -> np.ndarray:
-    """The pixels (h, w) 0xRRGGBB that blitting `text` writes on a surface in `like`'s format."""
-    block = pygame.Surface(text.get_size(), 0, like)
-    block.fill(0)
-    block.blit(text, (0, 0))
-    return (pygame.surfarray.array2d(block).T & 0xFFFFFF).astype(np.int64)
+def text_block(text: pygame.Surface) -> np.ndarray:
+    """The palette indices (h, w) uint8 of an 8-bit text surface (`Font.render` with a background colour)."""
+    if text.get_bitsize() != 8:
+        raise ValueError(f"text_block: an 8-bit text surface expected, got {text.get_bitsize()} bits")
+    width, height = text.get_size()
+    return np.frombuffer(pygame.image.tobytes(text, "P"), np.uint8).reshape(height, width)
+
+
+def text_palette(text: pygame.Surface, like: pygame.Surface) -> np.ndarray:
+    """The pixel (256,) int64 0xRRGGBB that blitting the 8-bit `text` onto a surface in `like`'s format writes for
+    each palette index: SDL maps each palette colour to the destination format once (an opaque 8-bit blit)."""
+    return np.array([like.map_rgb(colour) & 0xFFFFFF for colour in text.get_palette()], np.int64)
 
 
 @njit(cache=True)
-def draw_bar(rects, block, bx, by, cv):
-    """Black rows, then rects (K, 9) filled like pygame.draw.polygon in order, then `block` pasted at (bx, by):
-    the bar rows of canvas `cv` (whose `hidden` is H - its row count). False where the pool could overflow."""
+def draw_bar(rects, block, palette, bx, by, cv):
+    """Black rows, then rects (K, 9) filled like pygame.draw.polygon in order, then the text `block` (palette
+    indices) pasted at (bx, by) in `palette`'s colours: the bar rows of canvas `cv` (whose `hidden` is H - its row
+    count). False where the pool could overflow."""
     hidden, colour, pool, used, tile_of, t_start, t_end = cv
     colour[:] = 0
     used[0] = 0
@@ -105,35 +112,44 @@ def draw_bar(rects, block, bx, by, cv):
                 colour[r, j] = -slot - 1
             slot = -colour[r, j] - 1
             for x in range(max(xa, t_start[j]), min(xb, t_end[j]) + 1):
-                pool[slot, x - t_start[j]] = block[row, x - bx]
+                pool[slot, x - t_start[j]] = palette[block[row, x - bx]]
     return True
 
 
 class Fonts:
-    """The score font, loaded once instead of every frame, and rendered score strings by value.
+    """The score font, loaded once instead of every frame; rendered score strings and their palette indices by
+    value, shared by every env of the process; the text palette in the canvas's format.
 
     Dropped whenever pygame.font was shut down (pygame.quit(), or found uninitialised at the next frame).
     """
 
     font: pygame.font.Font | None = None
     texts: dict[str, pygame.Surface] = {}
-    blocks: dict[tuple[str, int], np.ndarray] = {}
+    blocks: dict[str, np.ndarray] = {}
+    palettes: dict[tuple, np.ndarray] = {}
 
     @classmethod
     def reset(cls) -> None:
         cls.font = None
         cls.texts = {}
         cls.blocks = {}
+        cls.palettes = {}
 
     @classmethod
-    def block(cls, s: str, like: pygame.Surface) -> np.ndarray:
-        """The pixels that blitting the rendered `s` writes on a surface in `like`'s format."""
-        key = (s, id(like))
-        if key not in cls.blocks:
+    def block(cls, s: str, like: pygame.Surface) -> tuple[np.ndarray, np.ndarray]:
+        """The rendered `s` as palette indices (h, w), and what each index writes on a surface in `like`'s format.
+        Every score text has the same palette (white on black, the font's grey ramp: tested), so one is kept per
+        pixel format."""
+        block = cls.blocks.get(s)
+        if block is None:
             if len(cls.blocks) >= _MAX_TEXT_CACHE:
                 cls.blocks.clear()
-            cls.blocks[key] = text_block(cls.text(s), like)
-        return cls.blocks[key]
+            block = cls.blocks[s] = text_block(cls.text(s))
+        fmt = (like.get_bitsize(), like.get_masks())
+        palette = cls.palettes.get(fmt)
+        if palette is None:
+            palette = cls.palettes[fmt] = text_palette(cls.text(s), like)
+        return block, palette
 
     @classmethod
     def text(cls, s: str) -> pygame.Surface:
@@ -154,15 +170,15 @@ def shrink_bar(tiles, env, score: str, like: pygame.Surface) -> bool:
     rects = indicator_polygons(env.car)
     if rects is None:
         return False
-    key = (score, id(like), *rects)
+    key = (score, like.get_bitsize(), like.get_masks(), *rects)
     if key == tiles.bar_key:
         return True
     tiles.bar_key = None
     text_rect = Fonts.text(score).get_rect()
     text_rect.center = (60, H - H * 2.5 / 40.0)  # as stock, Rect's own float handling included
     rect_arr = np.array(rects, np.int64).reshape(-1, 9)
-    block = Fonts.block(score, like)
-    if not draw_bar(rect_arr, block, text_rect.x, text_rect.y, tiles.bar_canvas()):
+    block, palette = Fonts.block(score, like)
+    if not draw_bar(rect_arr, block, palette, text_rect.x, text_rect.y, tiles.bar_canvas()):
         return False
     bar = tiles.bar_rows
     shrink.shrink_rows(tiles.bar_canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, bar, False)

@@ -240,6 +240,26 @@ def test_indicator_bar_on_odd_states_matches_stock():
         assert np.array_equal(render_state_pixels(env), env._render("state_pixels")), f"step {k}, cached bar"
 
 
+def test_score_text_palette_indices_write_what_a_blit_writes():
+    """Every score string shares one palette (so one is kept per pixel format), and its indices mapped through it
+    are the pixels stock's blit of the rendered text writes, on 24- and 32-bit canvases."""
+    from sim_bridges.indicators import Fonts, text_block, text_palette
+
+    pygame.font.init()
+    strings = [f"{v:04d}" for v in range(-120, 1000, 7)] + ["0000", "-000", "9999", f"{123456:04d}"]
+    first = Fonts.text(strings[0]).get_palette()
+    for depth in (24, 32):
+        like = pygame.Surface((8, 8), 0, depth)
+        for s in strings:
+            text = Fonts.text(s)
+            assert text.get_palette() == first, s
+            blitted = pygame.Surface(text.get_size(), 0, like)
+            blitted.fill(0)
+            blitted.blit(text, (0, 0))
+            expected = pygame.surfarray.array2d(blitted).T & 0xFFFFFF
+            assert np.array_equal(text_palette(text, like)[text_block(text)], expected), (depth, s)
+
+
 def test_font_shutdown_between_frames():
     """A cached font must not be used after pygame.font.quit(); the next frame re-initialises like stock."""
     env = CarRacing()
