@@ -160,11 +160,8 @@ def _world_exact(env, cache: _EnvCache, zoom: float, trans, rot) -> np.ndarray |
     road_poly = env.road_poly
     road = [road_poly[i - n_grass][1] for i in keep.tolist() if i >= n_grass]
     colours = np.full(len(keep), cache.mapped_rgb(env.grass_color), np.int64)
-    if road:
-        rgb = np.array(road, np.float64).astype(np.int64)  # (n_road, 3)
-        if rgb.min() < 0 or rgb.max() > 255:
-            return None
-        colours[keep >= n_grass] = (rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2]
+    if road and not raster.pack_colours(np.array(road, np.float64).reshape(-1, 3), keep >= n_grass, colours):
+        return None
     if _fill_covers_visible_rows(field_x[0], field_y[0]):
         bg = cache.mapped_rgb(env.bg_color)
     elif raster.poly_in_range(field_x, field_y):

@@ -48,9 +48,33 @@ COORD_LIMIT = 4096
 SLOT = 16  # pixels of a pool slot: a tile is 10 or 11, the rest padding no kernel reads
 
 
-def poly_in_range(ix: np.ndarray, iy: np.ndarray) -> bool:
-    """Whether SDL_gfx's int32 maths on these vertices cannot overflow (see module docstring)."""
-    return bool(ix.size == 0 or (np.abs(ix).max() < COORD_LIMIT and np.abs(iy).max() < COORD_LIMIT))
+@njit(cache=True)
+def poly_in_range(ix, iy):
+    """Whether SDL_gfx's int32 maths on these vertices (K, V) cannot overflow (see module docstring)."""
+    worst = 0
+    for k in range(ix.shape[0]):
+        for v in range(ix.shape[1]):
+            worst = max(worst, abs(ix[k, v]), abs(iy[k, v]))
+    return worst < COORD_LIMIT
+
+
+@njit(cache=True)
+def pack_colours(rgb, is_road, out):
+    """Write the 0xRRGGBB of rgb (n_road, 3) float colours, truncated to int as `int()` does, into `out` (K,) where
+    `is_road` (K,) holds, in order. False where a truncated channel is outside 0..255 (or NaN)."""
+    m = 0
+    for k in range(out.shape[0]):
+        if not is_road[k]:
+            continue
+        packed = 0
+        for ch in range(3):
+            v = rgb[m, ch]
+            if not (v > -1.0 and v < 256.0):  # int(v) in 0..255; NaN fails both
+                return False
+            packed = (packed << 8) | int(v)
+        out[k] = packed
+        m += 1
+    return True
 
 
 # --- The tiled canvas `cv` = (hidden, colour, pool, used, tile_of, t_start, t_end): tile j of canvas row

@@ -194,6 +194,7 @@ class CarShapes:
                 colours.append((rgb[0] << 16) | (rgb[1] << 8) | rgb[2])
         self.local, self.body_of = np.stack(local), np.array(body_of, np.int64)  # (P, 8, 2), (P,)
         self.counts, self.colours = np.array(counts, np.int64), np.array(colours, np.int64)
+        self.quads = min(counts, default=0) >= 4  # pygame special-cases triangles (CarRacing has none)
         self.poses = np.zeros((len(self.bodies), 4), np.float32)  # per body (q.c, q.s, x, y)
         self.stripes = np.zeros((len(self.bodies), 3))  # per body (drawn, r1, r2)
         n_max = 2 * len(local)
@@ -214,7 +215,7 @@ def car_screen(car, zoom: float, trans, rot: tuple[int, float, float]):
     shapes = _CAR_SHAPES.get(car)
     if shapes is None:
         shapes = _CAR_SHAPES[car] = CarShapes(car)
-    if shapes.counts.min() < 4:
+    if not shapes.quads:
         return None
     poses, stripes = shapes.poses, shapes.stripes
     for b, obj in enumerate(shapes.bodies):
