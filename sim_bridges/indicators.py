@@ -25,6 +25,8 @@ from sim_bridges.raster import COORD_LIMIT, SLOT, H, W, apply_ops
 from sim_bridges.raster_car import _poly_runs
 
 _MAX_TEXT_CACHE = 4096
+_MAX_BANDS = 256  # per env: a score moves slowly
+_NO_TEXT, _NO_RECTS = np.zeros((0, 0), np.uint8), np.zeros((0, 9), np.int64)
 _WHITE, _BLUE, _VIOLET, _GREEN, _RED = 0xFFFFFF, 0x0000FF, 0x3300FF, 0x00FF00, 0xFF0000
 
 
@@ -81,19 +83,22 @@ def text_palette(text: pygame.Surface, like: pygame.Surface) -> np.ndarray:
 def draw_bar(rects, block, palette, bx, by, cv):
     """Black rows, then rects (K, 9) filled like pygame.draw.polygon in order, then the text `block` (palette
     indices) pasted at (bx, by) in `palette`'s colours: the bar rows of canvas `cv` (whose `hidden` is H - its row
-    count). False where the pool could overflow."""
+    count). Returns the leftmost x a rectangle painted (W if none), -1 where the pool could overflow."""
     hidden, colour, pool, used, tile_of, t_start, t_end = cv
     colour[:] = 0
     used[0] = 0
     ops = np.empty((2 * (H - hidden) + 8, 5), np.int64)
     ints = np.empty(4, np.int64)
     vx, vy = np.empty(4, np.int64), np.empty(4, np.int64)
+    left = W
     for k in range(rects.shape[0]):
         for v in range(4):
             vx[v], vy[v] = rects[k, 2 * v], rects[k, 2 * v + 1]
         n_ops = _poly_runs(vx, vy, rects[k, 8], hidden, ops, 0, ints)
         if not apply_ops(ops, n_ops, cv):
-            return False
+            return -1
+        for m in range(n_ops):
+            left = min(left, ops[m, 1])
     xa, xb = max(bx, 0), min(bx + block.shape[1] - 1, W - 1)
     for row in range(block.shape[0]):
         y = by + row
@@ -104,7 +109,7 @@ def draw_bar(rects, block, palette, bx, by, cv):
             cj = colour[r, j]
             if cj >= 0:  # to the pool, then overwrite the pixels the block covers
                 if used[0] >= pool.shape[0]:
-                    return False
+                    return -1
                 slot = used[0]
                 used[0] += 1
                 for q in range(SLOT):  # the whole slot: one vector store
@@ -113,7 +118,7 @@ def draw_bar(rects, block, palette, bx, by, cv):
             slot = -colour[r, j] - 1
             for x in range(max(xa, t_start[j]), min(xb, t_end[j]) + 1):
                 pool[slot, x - t_start[j]] = palette[block[row, x - bx]]
-    return True
+    return left
 
 
 class Fonts:
@@ -166,7 +171,12 @@ class Fonts:
 
 def shrink_bar(tiles, env, score: str, like: pygame.Surface) -> bool:
     """Draw and X-shrink the bar rows into `tiles.bar_rows` (a `sim_bridges.shrink.Tiles`), or keep them where the
-    rectangles and score are unchanged; False (frame rows unset) where the kernels decline."""
+    rectangles and score are unchanged; False (frame rows unset) where the kernels decline.
+
+    Output pixel j of a row reads tiles j - 1 and j only, so where every rectangle lies right of the tile after the
+    score text's last (black in every row), the output up to that tile is the text's alone and the rest the
+    rectangles' alone: the text's part is shrunk once per score string (`tiles.text_band`) and only the rectangles
+    are drawn and shrunk each frame. Otherwise both are drawn together."""
     rects = indicator_polygons(env.car)
     if rects is None:
         return False
@@ -178,9 +188,36 @@ def shrink_bar(tiles, env, score: str, like: pygame.Surface) -> bool:
     text_rect.center = (60, H - H * 2.5 / 40.0)  # as stock, Rect's own float handling included
     rect_arr = np.array(rects, np.int64).reshape(-1, 9)
     block, palette = Fonts.block(score, like)
-    if not draw_bar(rect_arr, block, palette, text_rect.x, text_rect.y, tiles.bar_canvas()):
+    bar, canvas = tiles.bar_rows, tiles.bar_canvas()
+    band = _text_band(tiles, key[:3], block, palette, text_rect.x, text_rect.y)
+    if band is not None:  # the rectangles alone, then the text's columns
+        left = draw_bar(rect_arr, _NO_TEXT, palette, 0, 0, canvas)
+        if left >= 0 and tiles.tile_of[min(left, W - 1)] > band.shape[1] // 3 - 1:
+            shrink.shrink_rows(canvas, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, bar, False)
+            bar[:, : band.shape[1]] = band
+            tiles.bar_key = key
+            return True
+    if draw_bar(rect_arr, block, palette, text_rect.x, text_rect.y, canvas) < 0:
         return False
-    bar = tiles.bar_rows
-    shrink.shrink_rows(tiles.bar_canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, bar, False)
+    shrink.shrink_rows(canvas, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, bar, False)
     tiles.bar_key = key
     return True
+
+
+def _text_band(tiles, key: tuple, block: np.ndarray, palette: np.ndarray, bx: int, by: int) -> np.ndarray | None:
+    """The X-shrunk bar rows (HIDDEN_ROWS, 3 * (b + 2)) of the score text alone, b its last tile: outputs 0..b + 1,
+    which read no tile past b + 1 (black unless a rectangle reaches it); None where the text is not on the bar."""
+    band = tiles.text_band.get(key)
+    if band is None and key not in tiles.text_band:
+        if len(tiles.text_band) >= _MAX_BANDS:  # ~3.6 kB each, per env
+            tiles.text_band.clear()
+        xb = bx + block.shape[1] - 1
+        if block.size == 0 or bx < 0 or xb > W - 1 or draw_bar(_NO_RECTS, block, palette, bx, by,
+                                                              tiles.bar_canvas()) < 0:  # fmt: skip
+            tiles.text_band[key] = None
+            return None
+        rows = np.empty_like(tiles.bar_rows)
+        shrink.shrink_rows(tiles.bar_canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate,
+                           rows, False)  # fmt: skip
+        band = tiles.text_band[key] = rows[:, : 3 * (min(tiles.tile_of[xb] + 2, len(tiles.t_start) - 1))].copy()
+    return band

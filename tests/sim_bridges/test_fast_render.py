@@ -240,6 +240,32 @@ def test_indicator_bar_on_odd_states_matches_stock():
         assert np.array_equal(render_state_pixels(env), env._render("state_pixels")), f"step {k}, cached bar"
 
 
+def test_score_text_band_and_its_fallback_match_stock():
+    """The score text's columns shrunk once per string (`indicators._text_band`) beside rectangles drawn alone, and
+    the joint drawing where a rectangle reaches the text's columns (a yaw rate whose bar runs left past the score)
+    or the text is wider: each frame equals stock's, and both paths run."""
+    from sim_bridges import indicators
+
+    env = CarRacing()
+    env.reset(seed=4)
+    drawn = []
+    draw_bar = indicators.draw_bar
+    indicators.draw_bar = lambda rects, block, *rest: (
+        drawn.append((len(rects), block.size)) or draw_bar(rects, block, *rest)
+    )
+    try:
+        for k, (yaw, reward) in enumerate([(0.5, 12.0), (-2.0, 12.0), (40.0, 12.0), (-40.0, 345.0), (1.0, -1234.0),
+                                           (0.0, 99999.0), (60.0, 99999.0), (3.0, 12.0)]):  # fmt: skip
+            env.step(np.array([0.2, 0.5, 0.0]))
+            env.car.hull.angularVelocity, env.reward = yaw, reward
+            drawn.clear()
+            assert np.array_equal(render_state_pixels(env), env._render("state_pixels")), f"frame {k}"
+            joint = any(n_rects and size for n_rects, size in drawn)
+            assert joint == (yaw in (40.0, 60.0) or reward == 99999.0), (k, drawn)  # 40 rad/s: a yaw bar past x = 0
+    finally:
+        indicators.draw_bar = draw_bar
+
+
 def test_score_text_palette_indices_write_what_a_blit_writes():
     """Every score string shares one palette (so one is kept per pixel format), and its indices mapped through it
     are the pixels stock's blit of the rendered text writes, on 24- and 32-bit canvases."""
