@@ -7,6 +7,8 @@ only), are filled by `sim_bridges.raster_car`'s exact copy of pygame's polygon f
 (blitted once per string onto black: the text surface is opaque, 8-bit, no colour key, so the blit is a copy)
 are pasted, all on a tiled canvas that `sim_bridges.shrink.shrink_rows` X-shrinks like the world. Whenever the
 integer vertices and the score string equal the previous frame's, the shrunk rows are reused as they are.
+The score's own columns are shrunk once per string, apart from the rectangles, where they do not meet
+(`shrink_bar`).
 
 Measured per frame (this 2-core machine): stock drawing + the per-pixel X-shrink of 100 x 1000 pixels took
 ~0.25 ms; this ~0.03 ms on a change, ~0.01 ms (the Python key) when unchanged.
@@ -25,7 +27,6 @@ from sim_bridges.raster import COORD_LIMIT, SLOT, H, W, apply_ops
 from sim_bridges.raster_car import _poly_runs
 
 _MAX_TEXT_CACHE = 4096
-_MAX_BANDS = 256  # per env: a score moves slowly
 _NO_TEXT, _NO_RECTS = np.zeros((0, 0), np.uint8), np.zeros((0, 9), np.int64)
 _WHITE, _BLUE, _VIOLET, _GREEN, _RED = 0xFFFFFF, 0x0000FF, 0x3300FF, 0x00FF00, 0xFF0000
 
@@ -132,6 +133,7 @@ class Fonts:
     texts: dict[str, pygame.Surface] = {}
     blocks: dict[str, np.ndarray] = {}
     palettes: dict[tuple, np.ndarray] = {}
+    bands: dict[tuple, np.ndarray | None] = {}  # `_text_band`'s X-shrunk text columns
 
     @classmethod
     def reset(cls) -> None:
@@ -139,6 +141,7 @@ class Fonts:
         cls.texts = {}
         cls.blocks = {}
         cls.palettes = {}
+        cls.bands = {}
 
     @classmethod
     def block(cls, s: str, like: pygame.Surface) -> tuple[np.ndarray, np.ndarray]:
@@ -175,8 +178,9 @@ def shrink_bar(tiles, env, score: str, like: pygame.Surface) -> bool:
 
     Output pixel j of a row reads tiles j - 1 and j only, so where every rectangle lies right of the tile after the
     score text's last (black in every row), the output up to that tile is the text's alone and the rest the
-    rectangles' alone: the text's part is shrunk once per score string (`tiles.text_band`) and only the rectangles
-    are drawn and shrunk each frame. Otherwise both are drawn together."""
+    rectangles' alone: the text's part is shrunk once per score string and pixel format (`Fonts.bands`, shared by
+    every env of the process) and only the rectangles are drawn and shrunk each frame. Otherwise both are drawn
+    together."""
     rects = indicator_polygons(env.car)
     if rects is None:
         return False
@@ -207,17 +211,19 @@ def shrink_bar(tiles, env, score: str, like: pygame.Surface) -> bool:
 def _text_band(tiles, key: tuple, block: np.ndarray, palette: np.ndarray, bx: int, by: int) -> np.ndarray | None:
     """The X-shrunk bar rows (HIDDEN_ROWS, 3 * (b + 2)) of the score text alone, b its last tile: outputs 0..b + 1,
     which read no tile past b + 1 (black unless a rectangle reaches it); None where the text is not on the bar."""
-    band = tiles.text_band.get(key)
-    if band is None and key not in tiles.text_band:
-        if len(tiles.text_band) >= _MAX_BANDS:  # ~3.6 kB each, per env
-            tiles.text_band.clear()
+    key = (*key, tiles.shift, tiles.saturate)  # the smoothscale backend's maths
+    bands = Fonts.bands
+    band = bands.get(key)
+    if band is None and key not in bands:
+        if len(bands) >= _MAX_TEXT_CACHE:  # ~3.6 kB each
+            bands.clear()
         xb = bx + block.shape[1] - 1
         if block.size == 0 or bx < 0 or xb > W - 1 or draw_bar(_NO_RECTS, block, palette, bx, by,
                                                               tiles.bar_canvas()) < 0:  # fmt: skip
-            tiles.text_band[key] = None
+            bands[key] = None
             return None
         rows = np.empty_like(tiles.bar_rows)
         shrink.shrink_rows(tiles.bar_canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate,
                            rows, False)  # fmt: skip
-        band = tiles.text_band[key] = rows[:, : 3 * (min(tiles.tile_of[xb] + 2, len(tiles.t_start) - 1))].copy()
+        band = bands[key] = rows[:, : 3 * (min(tiles.tile_of[xb] + 2, len(tiles.t_start) - 1))].copy()
     return band

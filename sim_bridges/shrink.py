@@ -197,7 +197,6 @@ class Tiles:
         self.bind()
         self.bar_rows = np.zeros((HIDDEN_ROWS, cr.STATE_W * 3), np.uint8)  # this env's X-shrunk bar
         self.bar_key: tuple | None = None  # (score string, rectangles) behind bar_rows
-        self.text_band: dict[tuple, np.ndarray | None] = {}  # per (score, format): `indicators._text_band`
 
     def bind(self) -> None:
         """Draw into the calling thread's canvases and frame buffers (`fast_render` binds before every frame, so an
