@@ -10,8 +10,7 @@ integer vertices and the score string equal the previous frame's, the shrunk row
 The score's own columns are shrunk once per string, apart from the rectangles, where they do not meet
 (`shrink_bar`).
 
-Measured per frame (this 2-core machine): stock drawing + the per-pixel X-shrink of 100 x 1000 pixels took
-~0.25 ms; this ~0.03 ms on a change, ~0.01 ms (the Python key) when unchanged.
+What a step spends here: the "bar and score" row of `drive bench render --breakdown` (docs/scale.md has a run).
 """
 
 from __future__ import annotations
