@@ -27,7 +27,7 @@ from datasets.files import clean_temp
 from datasets.frames import FRAME_CODINGS
 from drive.errors import UserError
 from drive.loop.envs import ENVS, make_env
-from drive.loop.lanes import act_lanes, cached_lanes, episodes_in
+from drive.loop.lanes import AUTO_COLLECT_ENVS, act_lanes, cached_lanes, cars_per_process, episodes_in
 from drive.loop.options import CollectOptions
 from drive.loop.policies import NoisyPolicy
 from drive.loop.pool import Ticker, check_ray, run_tasks
@@ -205,7 +205,7 @@ def collect(opts: CollectOptions, recorder: RecorderFactory) -> Summary:
 
         if todo:  # the directory says it is incomplete until the last episode lands
             write_manifest(root, settings, list(done.values()), todo)
-        k = opts.envs
+        k = cars_per_process(opts.envs, len(todo), opts.workers, AUTO_COLLECT_ENVS)
         tasks = [(str(root), settings, todo[i : i + k]) for i in range(0, len(todo), k)]
         run_tasks(collect_episodes, tasks, opts.workers, finished, show=opts.progress, label="collect",
                   extra=(recorder,), ray=opts.ray, size=episodes_in)  # fmt: skip

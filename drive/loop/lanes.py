@@ -12,7 +12,7 @@
   each lane's `decide` and its wrappers' `wrap`; lanes driven by an expert through one `expert_lanes` call; any
   other policy acts alone.
 - `lane_copies`: K independent copies of a policy (episode state, generators, gate) that share its torch modules;
-  `cars_per_process`: the K of `--envs 0` (eval, dagger).
+  `cars_per_process`: the K of `--envs 0` (eval, dagger, collect).
 """
 
 from __future__ import annotations
@@ -167,12 +167,16 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
 
 
 AUTO_ENVS = 32  # `--envs 0`: up to this many cars per process (drive bench closedloop: the fastest K measured)
+# `drive collect --envs 0`: the expert's call is cheap, so 4 cars already take what batching gives (steps per CPU-s of
+# collect, 4 laps, docs/scale.md: K=1 ~940, K=4 ~1010, K=8 ~1000); fewer cars per task, less to record again after
+# a kill (a task's episodes enter the manifest when its last one ends)
+AUTO_COLLECT_ENVS = 4
 
 
-def cars_per_process(envs: int, seeds: int, workers: int) -> int:
-    """`--envs K` as given, or for 0 as many cars as each worker has seeds, at most AUTO_ENVS (so every worker gets
+def cars_per_process(envs: int, seeds: int, workers: int, most: int = AUTO_ENVS) -> int:
+    """`--envs K` as given, or for 0 as many cars as each worker has seeds, at most `most` (so every worker gets
     a task: a process runs one task of K seeds at a time)."""
-    return envs or max(1, min(AUTO_ENVS, -(-seeds // max(1, workers))))
+    return envs or max(1, min(most, -(-seeds // max(1, workers))))
 
 
 def lane_copies(policy: Any, k: int) -> list[Any]:

@@ -62,8 +62,9 @@ class CollectOptions:
     """use the bridge's fast renderer (pixel-identical to stock CarRacing)"""
     env: str = "carracing"
     """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
-    envs: PositiveInt = 1
-    """cars driven at once in each process (lanes); a record does not depend on it (drive/loop/rollout.py)"""
+    envs: NonNegativeInt = 0
+    """cars driven at once in each process (lanes), one expert call per step for all; a record does not depend on it
+    (drive/loop/rollout.py). 0: min(4, seeds per worker), the fastest K of collect measured (docs/scale.md)"""
     progress: bool = True
     """show a progress bar with frames/s"""
 
