@@ -62,8 +62,7 @@ MANIFEST = "manifest.json"
 EPISODE_DIR = "episodes"
 STEP_KEYS = ("label", "action", "state", "reward", "progress", "speed", "pose", "off_track")  # all (T, ...)
 EPISODE_FIELDS = ("seed", "file", "return", "completion", "steps", "flagged", "sha256", "bytes")  # required
-# zlib level: numpy's default 6 costs ~2x level 3 on these frames for ~10 % less; level 2 is ~20 % faster than 3
-# for ~5 % more bytes (~12 us per collected step; docs/scale.md)
+# zlib level 2: less CPU per shard than numpy's default 6 (about half) or 3, for slightly larger shards (docs/scale.md)
 COMPRESS_LEVEL = 2
 
 

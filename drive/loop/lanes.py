@@ -167,9 +167,10 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
 
 
 AUTO_ENVS = 32  # `--envs 0`: up to this many cars per process (drive bench closedloop: the fastest K measured)
-# `drive collect --envs 0`: the expert's call is cheap, so 4 cars already take what batching gives (steps per CPU-s of
-# collect, 4 laps, docs/scale.md: K=1 ~940, K=4 ~1010, K=8 ~1000); fewer cars per task, less to record again after
-# a kill (a task's episodes enter the manifest when its last one ends)
+# `drive collect --envs 0`: up to 4 cars per process. The PPO expert acts on the 50-d state, so its call is cheap and
+# 4 cars take most of what one call for all gives (`time drive collect --out D --seeds 5000-5003 --envs K`: K = 4
+# ~3 % less CPU than K = 1, docs/scale.md); few cars per task, little to record again after a kill (a task's
+# episodes enter the manifest when its last one ends)
 AUTO_COLLECT_ENVS = 4
 
 
