@@ -7,8 +7,9 @@ and with `keep_raw` the raw 96x96 RGB frame. The format (one .npz shard per epis
 in `datasets/demonstrations.py`.
 
 Crash safety: shards and the manifest are written atomically (temp + fsync + rename) and the manifest is rewritten
-after every finished episode, so a run killed at any moment loses at most the episodes in flight; rerunning the same
-command skips the finished seeds. The DART noise is seeded per episode from (seed, noise_seed), so a redone episode
+after every finished task (one episode with the default `--envs 1`; with K cars per process a task's K episodes
+enter it together), so a run killed at any moment loses at most the tasks in flight; rerunning the same command
+skips the finished seeds. The DART noise is seeded per episode from (seed, noise_seed), so a redone episode
 is the same episode. A lock file keeps two writers off one directory.
 """
 

@@ -62,9 +62,10 @@ class CollectOptions:
     """use the bridge's fast renderer (pixel-identical to stock CarRacing)"""
     env: str = "carracing"
     """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
-    envs: NonNegativeInt = 0
+    envs: NonNegativeInt = 1
     """cars driven at once in each process (lanes), one expert call per step for all; a record does not depend on it
-    (drive/loop/rollout.py). 0: min(4, seeds per worker), the fastest K of collect measured (docs/scale.md)"""
+    (drive/loop/rollout.py). 0: min(4, seeds per worker), ~3 % less CPU (docs/scale.md). With K > 1 a task's
+    episodes enter the manifest together, so a kill may record up to K finished episodes again"""
     progress: bool = True
     """show a progress bar with frames/s"""
 

@@ -8,7 +8,7 @@ Rows: gymnasium's stock CarRacing-v3 (pygame renderer), our pixel env (`make_car
 CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so it may live in another venv, and
 skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
 expert's laps replayed open loop (drive/studies/closedloop_envs.py says why both), in `--rounds` rounds that
-alternate their order; then `drive collect` with 1 and 2 workers and `drive eval` of a trained controller with
+alternate their order; then `drive collect --envs 0` with 1 and 2 workers and `drive eval` of a trained controller with
 K = 1, 4, 16, 32 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as
 start-up, one step of each env and a 3-step collect and eval: what a process pays once (imports, numba's kernels,
 pygame's font, checkpoints), which short timed rows would otherwise charge to their steps (EnvPool's subprocess likewise
@@ -89,7 +89,8 @@ def collect_row(cfg: Config, workers: int) -> Row:
     from drive.observe.demonstrations import recorder_for
 
     with tempfile.TemporaryDirectory(prefix="bench_closedloop_") as tmp:
-        options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes,
+        # --envs 0: min(4, episodes per worker) cars per process, one expert call per step for them
+        options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes, envs=0,
                                  seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}", workers=workers,
                                  max_episode_steps=cfg.max_episode_steps, progress=False)  # fmt: skip
         steps, wall, cpu = timed(lambda: collect(options, recorder_for).frames)
