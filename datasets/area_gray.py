@@ -21,6 +21,7 @@ compares it with cv2 on random and palette frames and on real CarRacing frames, 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 from numba import njit
@@ -55,34 +56,56 @@ def area_taps(ssize: int, dsize: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 TAP_INDEX, TAP_WEIGHT = area_taps(SRC, DST)  # (84, 2) each: the same for rows and columns (square frame)
-# per element e = 3 * dx + c of a resized row: the flat source positions and weights of its two taps
-_I0, _I1 = ((TAP_INDEX[:, t, None] * 3 + np.arange(3)).ravel() for t in (0, 1))  # (252,) each
-_W0, _W1 = (np.repeat(TAP_WEIGHT[:, t], 3) for t in (0, 1))  # (252,) float32 each
+# 96 -> 84 is 8 source pixels to 7 output pixels: output dx reads source dx + dx // 7 and the one after it, so a
+# resized row is 12 groups of 21 values (7 pixels x 3 channels), group g reading the 24 source values from 24 g on
+# contiguously (value e of a group from source e and e + 3). The kernel relies on it; checked here, once.
+GROUP_OUT, GROUP_SRC = 7, 8
+if not (np.array_equal(TAP_INDEX[:, 0], np.arange(DST) + np.arange(DST) // GROUP_OUT)
+        and np.array_equal(TAP_INDEX[:, 1], TAP_INDEX[:, 0] + 1) and DST % GROUP_OUT == 0):  # fmt: skip
+    raise ValueError("area_gray: the 96 -> 84 taps are not the 8-to-7 groups the kernel assumes")
+_W0, _W1 = (np.repeat(TAP_WEIGHT[:, t], 3) for t in (0, 1))  # (252,) float32 each: weight of each value's taps
 
 
 @njit(cache=True, boundscheck=False)
-def _area_gray(src, i0, w0, i1, w1, taps, weights, rows, out):
-    """src (96, 96 * 3) uint8 -> out (84, 84) uint8 gray; rows (96, 252) float32 scratch."""
-    n = i0.shape[0]
+def _area_gray(src, w0, w1, taps, weights, source, rows, rgb, out):
+    """src (96, 96 * 3) uint8 -> out (84, 84) uint8 gray; source (96 * 3,), rows (96, 252) float32 and rgb (252,)
+    int32 scratch. Each value is computed with OpenCV's operations in its order (module docstring); only the loops
+    differ: source rows converted to float32 once, resized values computed group by group from contiguous runs."""
+    n_groups, g_out, g_src = DST // GROUP_OUT, 3 * GROUP_OUT, 3 * GROUP_SRC
     for sy in range(src.shape[0]):  # horizontal pass of every source row
         s, h = src[sy], rows[sy]
-        for e in range(n):
-            h[e] = np.float32(s[i0[e]]) * w0[e] + np.float32(s[i1[e]]) * w1[e]
-    rgb = np.empty(n, np.int32)
+        for x in range(s.shape[0]):
+            source[x] = np.float32(s[x])
+        for g in range(n_groups):
+            for j in range(g_out):
+                e = g_out * g + j
+                h[e] = source[g_src * g + j] * w0[e] + source[g_src * g + j + 3] * w1[e]
+    n = rows.shape[1]
     for dy in range(out.shape[0]):  # vertical pass, rounding, gray
         a, b = rows[taps[dy, 0]], rows[taps[dy, 1]]
         wa, wb = weights[dy, 0], weights[dy, 1]
         for e in range(n):
             v = np.rint(wa * a[e] + wb * b[e])
             rgb[e] = np.int32(min(np.float32(255.0), max(np.float32(0.0), v)))
+        o = out[dy]
         for dx in range(out.shape[1]):
             r, g, bl = rgb[3 * dx], rgb[3 * dx + 1], rgb[3 * dx + 2]
-            out[dy, dx] = (r * GRAY_R + g * GRAY_G + bl * GRAY_B + (1 << (GRAY_SHIFT - 1))) >> GRAY_SHIFT
+            o[dx] = (r * GRAY_R + g * GRAY_G + bl * GRAY_B + (1 << (GRAY_SHIFT - 1))) >> GRAY_SHIFT
     return out
 
 
 def area_gray(rgb96: np.ndarray) -> np.ndarray:
     """(96, 96, 3) uint8 C-contiguous RGB -> (84, 84) uint8 gray, as cv2's INTER_AREA resize then RGB2GRAY."""
-    rows = np.empty((SRC, 3 * DST), np.float32)
-    out = np.empty((DST, DST), np.uint8)
-    return _area_gray(rgb96.reshape(SRC, SRC * 3), _I0, _W0, _I1, _W1, TAP_INDEX, TAP_WEIGHT, rows, out)
+    return area_gray_into(rgb96, np.empty((DST, DST), np.uint8))
+
+
+_SCRATCH = threading.local()
+
+
+def area_gray_into(rgb96: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`area_gray` written into `out` (84, 84) uint8 (a C-contiguous view, e.g. a slot of a frame stack)."""
+    scratch = getattr(_SCRATCH, "buffers", None)
+    if scratch is None:  # per thread: two threads coding at once never share scratch rows
+        scratch = _SCRATCH.buffers = (np.empty(SRC * 3, np.float32), np.empty((SRC, 3 * DST), np.float32),
+                                      np.empty(3 * DST, np.int32))  # fmt: skip
+    return _area_gray(rgb96.reshape(SRC, SRC * 3), _W0, _W1, TAP_INDEX, TAP_WEIGHT, *scratch, out)
