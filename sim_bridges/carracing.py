@@ -64,6 +64,16 @@ ACTION_HIGH = np.array([1.0, 1.0, 1.0], dtype=np.float32)
 FRAME_SHAPE = (96, 96, 3)
 
 
+def _clipped(action) -> np.ndarray:
+    """The action as float32 (3,), clipped to the action space like np.clip (an infinite value clipped, NaN refused),
+    in plain float maths: np.clip and np.isfinite on three values cost more than the rest of the bridge's step."""
+    values = np.asarray(action, dtype=np.float32).reshape(3).tolist()  # float32 values, exact as Python floats
+    if values[0] != values[0] or values[1] != values[1] or values[2] != values[2]:
+        raise ValueError(f"non-finite action {np.asarray(values, np.float32)}")
+    steer, gas, brake = values
+    return np.array([min(1.0, max(-1.0, steer)), min(1.0, max(0.0, gas)), min(1.0, max(0.0, brake))], np.float32)
+
+
 def _wrap(angle):
     return (angle + np.pi) % (2 * np.pi) - np.pi
 
@@ -87,6 +97,8 @@ class CarRacingBridge(CarRacing):
         else:
             self.observation_space = spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32)
         self._prev_action = np.zeros(3, np.float32)
+        self.road_rgb: np.ndarray | None = None  # (P, 3) road colours, bound at reset (`_bind_road_colours`)
+        self.road_rgb_of: list | None = None
 
     # --- rendering: skipped in state mode, optionally replaced by the fast renderer in pixel mode ---
     def _render(self, mode):
@@ -180,9 +192,32 @@ class CarRacingBridge(CarRacing):
         info = self._info({})
         return self._observe(info), info
 
+    def _bind_road_colours(self):
+        """Make the road's colours rows of one (P, 3) float64 array, `road_rgb`, in road_poly order: each tile's
+        `color` and its road_poly entry become the same view of its row (they were the same array before), the
+        kerbs' constant tuples are copied. Contacts and perturbations still write `tile.color[:]` in place, so the
+        values and every reader are unchanged; the fast renderer reads the visible rows in one kernel instead of a
+        Python loop over the road (`sim_bridges.fast_render`). `road_rgb_of` names the road_poly list it binds."""
+        tiles = {id(tile.color): tile for tile in self.road}
+        owners = [tiles.get(id(colour)) for _, colour in self.road_poly]
+        for (_, colour), tile in zip(self.road_poly, owners, strict=True):
+            if tile is None and isinstance(colour, np.ndarray):
+                return  # an array no tile owns (someone else may change it): left as it is
+            if tile is not None and (colour.shape != (3,) or colour.dtype != np.float64):
+                return  # a tile colour of another kind: left as it is
+        rgb = np.array([np.asarray(colour, np.float64) for _, colour in self.road_poly], np.float64).reshape(-1, 3)
+        for i, ((vertices, _), tile) in enumerate(zip(self.road_poly, owners, strict=True)):
+            if tile is not None:
+                row = rgb[i]  # (3,) view
+                tile.color, self.road_poly[i] = row, (vertices, row)
+        self.road_rgb, self.road_rgb_of = rgb, self.road_poly
+
     def reset(self, *, seed=None, options=None):
         self._prev_action = np.zeros(3, np.float32)
+        self.road_rgb = self.road_rgb_of = None  # the first frame, inside the stock reset, reads road_poly
         super().reset(seed=seed, options=options)  # calls self.step(None) once, which renders the first frame
+        if self.mode == "pixels":
+            self._bind_road_colours()
         self._build_geometry()
         info = self._info({})
         return self._observe(info), info
@@ -190,9 +225,7 @@ class CarRacingBridge(CarRacing):
     def step(self, action):
         if action is None:  # the stock reset's internal first step
             return super().step(None)
-        action = np.clip(np.asarray(action, dtype=np.float32).reshape(3), ACTION_LOW, ACTION_HIGH)
-        if not np.all(np.isfinite(action)):
-            raise ValueError(f"non-finite action {action}")
+        action = _clipped(action)
         _, reward, terminated, truncated, base_info = super().step(action)
         self._prev_action = action
         info = self._info(base_info)

@@ -157,11 +157,18 @@ def _world_exact(env, cache: _EnvCache, zoom: float, trans, rot) -> np.ndarray |
         return None
     # Road colours change in place when a wheel touches a tile: read them every frame, as `int()` does.
     n_grass = len(_GRASS)
-    road_poly = env.road_poly
-    road = [road_poly[i - n_grass][1] for i in keep.tolist() if i >= n_grass]
-    colours = np.full(len(keep), cache.mapped_rgb(env.grass_color), np.int64)
-    if road and not raster.pack_colours(np.array(road, np.float64).reshape(-1, 3), keep >= n_grass, colours):
-        return None
+    colours = np.empty(len(keep), np.int64)
+    grass = cache.mapped_rgb(env.grass_color)
+    road_rgb = env.__dict__.get("road_rgb")  # (P, 3): the rows road_poly's colours are views of (our bridge)
+    if road_rgb is not None and env.__dict__.get("road_rgb_of") is env.road_poly:
+        if not raster.pack_road_colours(road_rgb, keep, n_grass, grass, colours):
+            return None
+    else:
+        road_poly = env.road_poly
+        road = [road_poly[i - n_grass][1] for i in keep.tolist() if i >= n_grass]
+        colours[:] = grass
+        if road and not raster.pack_colours(np.array(road, np.float64).reshape(-1, 3), keep >= n_grass, colours):
+            return None
     if _fill_covers_visible_rows(field_x[0], field_y[0]):
         bg = cache.mapped_rgb(env.bg_color)
     elif raster.poly_in_range(field_x, field_y):

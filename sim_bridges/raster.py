@@ -77,6 +77,25 @@ def pack_colours(rgb, is_road, out):
     return True
 
 
+@njit(cache=True)
+def pack_road_colours(road_rgb, keep, n_grass, grass, out):
+    """`pack_colours` for the polygons `keep` (K,) indexes (grass below n_grass: `grass`; road polygon i - n_grass:
+    row i - n_grass of road_rgb (P, 3)), in one pass."""
+    for k in range(out.shape[0]):
+        i = keep[k]
+        if i < n_grass:
+            out[k] = grass
+            continue
+        packed = 0
+        for ch in range(3):
+            v = road_rgb[i - n_grass, ch]
+            if not (v > -1.0 and v < 256.0):  # int(v) in 0..255; NaN fails both
+                return False
+            packed = (packed << 8) | int(v)
+        out[k] = packed
+    return True
+
+
 # --- The tiled canvas `cv` = (hidden, colour, pool, used, tile_of, t_start, t_end): tile j of canvas row
 # hidden + r is one colour colour[r, j] >= 0, or its pixels sit in pool[-colour[r, j] - 1, x - t_start[j]];
 # used[0] counts the pool slots handed out this frame.

@@ -181,3 +181,49 @@ def test_actions_are_clipped_and_prev_action_recorded():
     assert info["state"][IDX["prev_steer"] : IDX["prev_brake"] + 1].tolist() == [1.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="mode"):
         make_carracing(mode="rgb")
+
+
+def test_clipped_actions_equal_np_clip_bit_for_bit():
+    """The bridge's plain-float clip gives np.clip's float32 values, signed zeros and infinities included."""
+    from itertools import product
+
+    from sim_bridges.carracing import ACTION_HIGH, ACTION_LOW, _clipped
+
+    edges = [-0.0, 0.0, np.inf, -np.inf, 1e30, -1e30, 0.5, -0.5, 1.0, -1.0, 2.0, 1e-45, -1e-45]
+    rng = np.random.default_rng(0)
+    actions = [np.array(a, np.float32) for a in product(edges, repeat=3)] + list(rng.normal(0, 2, (2000, 3)))
+    for a in actions:
+        a = np.asarray(a, np.float32)
+        assert _clipped(a).tobytes() == np.clip(a, ACTION_LOW, ACTION_HIGH).tobytes(), a
+    with pytest.raises(ValueError, match="non-finite"):
+        _clipped(np.array([0.0, np.nan, 0.0], np.float32))
+
+
+@pytest.mark.skipif(not HAS_FAST, reason="sim_bridges.fast_render not present")
+def test_bridge_frames_equal_stock_while_tiles_change_colour(monkeypatch):
+    """The bridge binds the road colours to one array (`road_rgb`) that the fast renderer reads: frames stay
+    stock's while wheels recolour the tiles they touch, across resets, and after a recolouring perturbation."""
+    from drive.loop.perturb import recolour
+    from sim_bridges import raster
+
+    reads = []
+    pack = raster.pack_road_colours
+    monkeypatch.setattr(raster, "pack_road_colours", lambda *args: reads.append(1) or pack(*args))
+
+    stock, bridge = CarRacing(), make_carracing(mode="pixels").unwrapped
+    rng = np.random.default_rng(0)
+    for seed in (3, 4):
+        np.testing.assert_array_equal(stock.reset(seed=seed)[0], bridge.reset(seed=seed)[0])
+        assert bridge.road_rgb is not None and bridge.road_rgb_of is bridge.road_poly
+        first = bridge.road_rgb.copy()
+        for t in range(160):
+            a = np.array([0.6 * np.sin(t / 9), 0.7, 0.0]) if t < 120 else rng.uniform([-1, 0, 0], [1, 1, 0.3])
+            a = a.astype(np.float32)  # what the bridge executes: stock steps a float64 action differently
+            obs_s, r_s, *_ = stock.step(a)
+            obs_b, r_b, *_ = bridge.step(a)
+            assert np.array_equal(obs_s, obs_b), f"seed {seed} step {t}"
+            assert r_s == r_b
+        assert (bridge.road_rgb != first).any(), "the drive should have recoloured some tiles"
+        colours = (np.array([30.0, 60.0, 90.0]), np.array([10.0, 200.0, 10.0]), np.array([20.0, 220.0, 20.0]))
+        np.testing.assert_array_equal(recolour(stock, colours), recolour(bridge, colours))
+    assert len(reads) > 300, "the renderer should read the bound colours"
