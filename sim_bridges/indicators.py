@@ -16,6 +16,7 @@ What a step spends here: the "bar and score" row of `drive bench render --breakd
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pygame
@@ -30,39 +31,60 @@ _NO_TEXT, _NO_RECTS = np.zeros((0, 0), np.uint8), np.zeros((0, 9), np.int64)
 _WHITE, _BLUE, _VIOLET, _GREEN, _RED = 0xFFFFFF, 0x0000FF, 0x3300FF, 0x00FF00, 0xFF0000
 
 
-def indicator_polygons(car) -> list[tuple[int, ...]] | None:
-    """`_render_indicators(W, H)`'s coloured rectangles as (x0, y0, .., x3, y3, 0xRRGGBB), vertices truncated to
-    int as pygame-ce's draw.polygon does; the same float expressions as gymnasium 1.4.0. None if a vertex is
-    out of the range the fill kernel is checked for (or NaN)."""
+# The seven rectangles of `_render_indicators`, in its order: (place, gain, colour, vertical) of speed, the four wheel
+# speeds, the steering angle and the yaw rate
+_PLACES = np.array([5, 7, 8, 9, 10, 20, 30], np.float64)
+_GAINS = np.array([0.02, 0.01, 0.01, 0.01, 0.01, -10.0, -0.8])
+_COLOURS = np.array([_WHITE, _BLUE, _BLUE, _VIOLET, _VIOLET, _GREEN, _RED], np.int64)
+_VERTICAL = np.array([True, True, True, True, True, False, False])
+
+
+@njit(cache=True)
+def indicator_rects(vx, vy, w0, w1, w2, w3, steer, yaw, out):
+    """`_render_indicators(W, H)`'s coloured rectangles as rows (x0, y0, .., x3, y3, 0xRRGGBB) of out (7, 9), from the
+    hull velocity (vx, vy), the wheel speeds, the front wheel's joint angle and the hull's angular velocity, with
+    gymnasium 1.4.0's float expressions (IEEE float64, as Python computes them) and vertices truncated to int as
+    pygame-ce's draw.polygon does. Returns how many rows it wrote, or -1 where a vertex is out of the range the fill
+    kernel is checked for (or NaN)."""
     s, h = W / 40.0, H / 40.0
-    vx, vy = car.hull.linearVelocity
-    true_speed = math.sqrt(vx * vx + vy * vy)  # np.sqrt(np.square(.) + np.square(.)): the same IEEE operations
-    wheels = car.wheels
-    values = (
-        (true_speed, 5, 0.02 * true_speed, _WHITE, True),
-        (wheels[0].omega, 7, 0.01 * wheels[0].omega, _BLUE, True),
-        (wheels[1].omega, 8, 0.01 * wheels[1].omega, _BLUE, True),
-        (wheels[2].omega, 9, 0.01 * wheels[2].omega, _VIOLET, True),
-        (wheels[3].omega, 10, 0.01 * wheels[3].omega, _VIOLET, True),
-        (wheels[0].joint.angle, 20, -10.0 * wheels[0].joint.angle, _GREEN, False),
-        (car.hull.angularVelocity, 30, -0.8 * car.hull.angularVelocity, _RED, False),
-    )
-    out = []
-    for value, place, val, colour, vertical in values:
+    values = (math.sqrt(vx * vx + vy * vy), w0, w1, w2, w3, steer, yaw)  # np.sqrt(np.square(.) + ..): same bits
+    pts = np.empty(8)
+    n = 0
+    for i in range(7):
+        value = values[i]
         if not abs(value) > 1e-4:
             continue
-        if vertical:
+        place, val = _PLACES[i], _GAINS[i] * value
+        if _VERTICAL[i]:
             top = H - (h + h * val)
-            pts = (place * s, top, (place + 1) * s, top, (place + 1) * s, H - h, (place + 0) * s, H - h)
+            pts[0], pts[1], pts[2], pts[3] = place * s, top, (place + 1) * s, top
+            pts[4], pts[5], pts[6], pts[7] = (place + 1) * s, H - h, (place + 0) * s, H - h
         else:
-            pts = ((place + 0) * s, H - 4 * h, (place + val) * s, H - 4 * h, (place + val) * s, H - 2 * h,
-                   (place + 0) * s, H - 2 * h)  # fmt: skip
-        total = sum(pts)
-        if not (max(pts) < COORD_LIMIT and min(pts) > -COORD_LIMIT and total == total):  # NaN != NaN
-            return None
-        x0, y0, x1, y1, x2, y2, x3, y3 = pts
-        out.append((int(x0), int(y0), int(x1), int(y1), int(x2), int(y2), int(x3), int(y3), colour))
-    return out
+            pts[0], pts[1], pts[2], pts[3] = (place + 0) * s, H - 4 * h, (place + val) * s, H - 4 * h
+            pts[4], pts[5], pts[6], pts[7] = (place + val) * s, H - 2 * h, (place + 0) * s, H - 2 * h
+        for v in range(8):
+            if not (pts[v] < COORD_LIMIT and pts[v] > -COORD_LIMIT):  # NaN fails both
+                return -1
+            out[n, v] = np.int64(pts[v])  # truncation toward zero, as int()
+        out[n, 8] = _COLOURS[i]
+        n += 1
+    return n
+
+
+def indicator_polygons(car) -> np.ndarray | None:
+    """`indicator_rects` of a car (a (K, 9) int64 view of a per-thread buffer, valid until the next call), or None
+    where a vertex is out of range."""
+    vx, vy = car.hull.linearVelocity
+    wheels = car.wheels
+    out = _RECTS.__dict__.get("out")
+    if out is None:
+        out = _RECTS.out = np.empty((7, 9), np.int64)
+    n = indicator_rects(vx, vy, wheels[0].omega, wheels[1].omega, wheels[2].omega, wheels[3].omega,
+                        wheels[0].joint.angle, car.hull.angularVelocity, out)  # fmt: skip
+    return None if n < 0 else out[:n]
+
+
+_RECTS = threading.local()
 
 
 def text_block(text: pygame.Surface) -> np.ndarray:
@@ -183,24 +205,23 @@ def shrink_bar(tiles, env, score: str, like: pygame.Surface) -> bool:
     rects = indicator_polygons(env.car)
     if rects is None:
         return False
-    key = (score, like.get_bitsize(), like.get_masks(), *rects)
+    key = (score, like.get_bitsize(), like.get_masks(), rects.tobytes())
     if key == tiles.bar_key:
         return True
     tiles.bar_key = None
     text_rect = Fonts.text(score).get_rect()
     text_rect.center = (60, H - H * 2.5 / 40.0)  # as stock, Rect's own float handling included
-    rect_arr = np.array(rects, np.int64).reshape(-1, 9)
     block, palette = Fonts.block(score, like)
     bar, canvas = tiles.bar_rows, tiles.bar_canvas()
     band = _text_band(tiles, key[:3], block, palette, text_rect.x, text_rect.y)
     if band is not None:  # the rectangles alone, then the text's columns
-        left = draw_bar(rect_arr, _NO_TEXT, palette, 0, 0, canvas)
+        left = draw_bar(rects, _NO_TEXT, palette, 0, 0, canvas)
         if left >= 0 and tiles.tile_of[min(left, W - 1)] > band.shape[1] // 3 - 1:
             shrink.shrink_rows(canvas, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, bar, False)
             bar[:, : band.shape[1]] = band
             tiles.bar_key = key
             return True
-    if draw_bar(rect_arr, block, palette, text_rect.x, text_rect.y, canvas) < 0:
+    if draw_bar(rects, block, palette, text_rect.x, text_rect.y, canvas) < 0:
         return False
     shrink.shrink_rows(canvas, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, bar, False)
     tiles.bar_key = key

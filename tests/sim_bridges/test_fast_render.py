@@ -240,6 +240,49 @@ def test_indicator_bar_on_odd_states_matches_stock():
         assert np.array_equal(render_state_pixels(env), env._render("state_pixels")), f"step {k}, cached bar"
 
 
+def _stock_rects(values):
+    """gymnasium 1.4.0 `_render_indicators`' rectangles, its Python float maths transcribed, vertices int()-ed."""
+    s, h = fr.W / 40.0, fr.H / 40.0
+    speed, w0, w1, w2, w3, steer, yaw = values
+    out = []
+    for value, place, val, vertical in ((speed, 5, 0.02 * speed, True), (w0, 7, 0.01 * w0, True),
+                                         (w1, 8, 0.01 * w1, True), (w2, 9, 0.01 * w2, True),
+                                         (w3, 10, 0.01 * w3, True), (steer, 20, -10.0 * steer, False),
+                                         (yaw, 30, -0.8 * yaw, False)):  # fmt: skip
+        if not abs(value) > 1e-4:
+            continue
+        if vertical:
+            top = fr.H - (h + h * val)
+            pts = (place * s, top, (place + 1) * s, top, (place + 1) * s, fr.H - h, (place + 0) * s, fr.H - h)
+        else:
+            pts = ((place + 0) * s, fr.H - 4 * h, (place + val) * s, fr.H - 4 * h, (place + val) * s, fr.H - 2 * h,
+                   (place + 0) * s, fr.H - 2 * h)  # fmt: skip
+        if not all(-4096 < p < 4096 for p in pts):
+            return None
+        out.append([int(p) for p in pts])
+    return out
+
+
+def test_indicator_rects_kernel_is_the_stock_float_maths():
+    """`indicators.indicator_rects` (numba) against the stock expressions in Python on values from tiny to out of
+    range, NaN and infinities included: the same int vertices, or both out of range."""
+    from sim_bridges.indicators import indicator_rects
+
+    rng = np.random.default_rng(4)
+    out = np.empty((7, 9), np.int64)
+    specials = [0.0, -0.0, 1e-4, -1e-4, 1.0001e-4, np.nan, np.inf, -np.inf, 1e6, -1e6]
+    for _ in range(3000):
+        draws = [
+            rng.choice(specials) if rng.random() < 0.2 else rng.normal(0, 10 ** rng.uniform(-5, 3)) for _ in range(8)
+        ]
+        vx, vy, *rest = (float(v) for v in draws)
+        n = indicator_rects(vx, vy, *rest, out)
+        ref = _stock_rects((math.sqrt(vx * vx + vy * vy), *rest))
+        assert (n < 0) == (ref is None), (vx, vy, rest)
+        if ref is not None:
+            assert out[:n, :8].tolist() == ref, (vx, vy, rest)
+
+
 def test_score_text_band_and_its_fallback_match_stock():
     """The score text's columns shrunk once per string (`indicators._text_band`) beside rectangles drawn alone, and
     the joint drawing where a rectangle reaches the text's columns (a yaw rate whose bar runs left past the score)
