@@ -10,7 +10,9 @@ pixel ("tiles") plus the few pixels that differ (see `sim_bridges.raster`). The 
 integer vertices -- Vector2.rotate_rad, pybox2d's float32 b2Mul for the car -- and stock's culling run in numba
 (`sim_bridges.view`), tested bit for bit against the numpy reference in `sim_bridges.render_geometry`. The
 indicator bar and score are drawn on a tiled canvas of their own and X-shrunk by the same kernel, and kept as
-they are while their integer inputs do not change (`sim_bridges.indicators`).
+they are while their integer inputs do not change (`sim_bridges.indicators`). Road colours, which contacts change in
+place, are read every frame: from the bridge's `road_rgb` array in one kernel where the env binds one
+(`sim_bridges.carracing`), else from `road_poly` entry by entry.
 
 Departures from drawing everything, each proven not to change a pixel:
 - polygons stock culls (its MAX_SHAPE_DIM test, reproduced) or whose pixels all miss the surviving rows;
@@ -158,17 +160,11 @@ def _world_exact(env, cache: _EnvCache, zoom: float, trans, rot) -> np.ndarray |
     # Road colours change in place when a wheel touches a tile: read them every frame, as `int()` does.
     n_grass = len(_GRASS)
     colours = np.empty(len(keep), np.int64)
-    grass = cache.mapped_rgb(env.grass_color)
     road_rgb = env.__dict__.get("road_rgb")  # (P, 3): the rows road_poly's colours are views of (our bridge)
-    if road_rgb is not None and env.__dict__.get("road_rgb_of") is env.road_poly:
-        if not raster.pack_road_colours(road_rgb, keep, n_grass, grass, colours):
-            return None
-    else:
-        road_poly = env.road_poly
-        road = [road_poly[i - n_grass][1] for i in keep.tolist() if i >= n_grass]
-        colours[:] = grass
-        if road and not raster.pack_colours(np.array(road, np.float64).reshape(-1, 3), keep >= n_grass, colours):
-            return None
+    if road_rgb is None or env.__dict__.get("road_rgb_of") is not env.road_poly:  # another env: entry by entry
+        road_rgb = np.array([np.asarray(c, np.float64) for _, c in env.road_poly], np.float64).reshape(-1, 3)
+    if not raster.pack_road_colours(road_rgb, keep, n_grass, cache.mapped_rgb(env.grass_color), colours):
+        return None
     if _fill_covers_visible_rows(field_x[0], field_y[0]):
         bg = cache.mapped_rgb(env.bg_color)
     elif raster.poly_in_range(field_x, field_y):

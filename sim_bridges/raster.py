@@ -59,28 +59,10 @@ def poly_in_range(ix, iy):
 
 
 @njit(cache=True)
-def pack_colours(rgb, is_road, out):
-    """Write the 0xRRGGBB of rgb (n_road, 3) float colours, truncated to int as `int()` does, into `out` (K,) where
-    `is_road` (K,) holds, in order. False where a truncated channel is outside 0..255 (or NaN)."""
-    m = 0
-    for k in range(out.shape[0]):
-        if not is_road[k]:
-            continue
-        packed = 0
-        for ch in range(3):
-            v = rgb[m, ch]
-            if not (v > -1.0 and v < 256.0):  # int(v) in 0..255; NaN fails both
-                return False
-            packed = (packed << 8) | int(v)
-        out[k] = packed
-        m += 1
-    return True
-
-
-@njit(cache=True)
 def pack_road_colours(road_rgb, keep, n_grass, grass, out):
-    """`pack_colours` for the polygons `keep` (K,) indexes (grass below n_grass: `grass`; road polygon i - n_grass:
-    row i - n_grass of road_rgb (P, 3)), in one pass."""
+    """The 0xRRGGBB of the polygons `keep` (K,) indexes into `out` (K,): grass (index below n_grass) `grass`, road
+    polygon i - n_grass row i - n_grass of road_rgb (P, 3) float colours, truncated to int as `int()` does. False
+    where a truncated channel is outside 0..255 (or NaN)."""
     for k in range(out.shape[0]):
         i = keep[k]
         if i < n_grass:
