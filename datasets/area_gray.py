@@ -13,9 +13,10 @@ conversion do:
 - gray ``(R * 9798 + G * 19235 + B * 3735 + 2**14) >> 15`` (OpenCV's 15-bit fixed-point ITU-R 601 weights).
 
 Why not cv2: `drive bench render --steps 600 --seed 5002` prints both per frame on one core: 70.8 us for the two
-cv2 calls, 22.3 us for this kernel (one run, 2026-12-06). Exactness is tested, not assumed: tests/datasets/test_area_gray.py
-compares it with cv2 on random and palette frames and on real CarRacing frames, and the gray formula with cv2 on all
-2**24 colours; should another OpenCV round differently, that test fails and `code_full` must go back to cv2.
+cv2 calls, 22.3 us for this kernel (one run, 2026-12-06). Exactness is tested, not assumed:
+tests/datasets/test_area_gray.py compares it with cv2 on random and palette frames and on real CarRacing frames,
+and the gray formula with cv2 on all 2**24 colours; should another OpenCV round differently, that test fails and
+`code_full` must go back to cv2.
 """
 
 from __future__ import annotations
