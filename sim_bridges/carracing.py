@@ -62,6 +62,7 @@ ACTION_NAMES = ("steer", "gas", "brake")
 ACTION_LOW = np.array([-1.0, 0.0, 0.0], dtype=np.float32)
 ACTION_HIGH = np.array([1.0, 1.0, 1.0], dtype=np.float32)
 FRAME_SHAPE = (96, 96, 3)
+_LOW, _HIGH = ACTION_LOW.tolist(), ACTION_HIGH.tolist()  # the bounds as Python floats, for `_clipped`
 
 
 def _clipped(action) -> np.ndarray:
@@ -70,8 +71,7 @@ def _clipped(action) -> np.ndarray:
     values = np.asarray(action, dtype=np.float32).reshape(3).tolist()  # float32 values, exact as Python floats
     if values[0] != values[0] or values[1] != values[1] or values[2] != values[2]:
         raise ValueError(f"non-finite action {np.asarray(values, np.float32)}")
-    steer, gas, brake = values
-    return np.array([min(1.0, max(-1.0, steer)), min(1.0, max(0.0, gas)), min(1.0, max(0.0, brake))], np.float32)
+    return np.array([min(hi, max(lo, v)) for v, lo, hi in zip(values, _LOW, _HIGH, strict=True)], np.float32)
 
 
 def _wrap(angle):

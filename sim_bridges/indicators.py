@@ -71,6 +71,9 @@ def indicator_rects(vx, vy, w0, w1, w2, w3, steer, yaw, out):
     return n
 
 
+_RECTS = threading.local()  # per thread: indicator_polygons's (7, 9) output buffer
+
+
 def indicator_polygons(car) -> np.ndarray | None:
     """`indicator_rects` of a car (a (K, 9) int64 view of a per-thread buffer, valid until the next call), or None
     where a vertex is out of range."""
@@ -82,9 +85,6 @@ def indicator_polygons(car) -> np.ndarray | None:
     n = indicator_rects(vx, vy, wheels[0].omega, wheels[1].omega, wheels[2].omega, wheels[3].omega,
                         wheels[0].joint.angle, car.hull.angularVelocity, out)  # fmt: skip
     return None if n < 0 else out[:n]
-
-
-_RECTS = threading.local()
 
 
 def text_block(text: pygame.Surface) -> np.ndarray:
