@@ -55,6 +55,7 @@ import numpy as np
 from datasets.errors import DataError
 from datasets.files import atomic_write
 from datasets.frames import LEGACY_CODING
+from datasets.npz import npz_bytes
 
 FORMAT = "drive-demonstrations"
 FORMAT_VERSION = 1
@@ -62,8 +63,6 @@ MANIFEST = "manifest.json"
 EPISODE_DIR = "episodes"
 STEP_KEYS = ("label", "action", "state", "reward", "progress", "speed", "pose", "off_track")  # all (T, ...)
 EPISODE_FIELDS = ("seed", "file", "return", "completion", "steps", "flagged", "sha256", "bytes")  # required
-# zlib level 2: less CPU per shard than numpy's default 6 (about half) or 3, for slightly larger shards (docs/scale.md)
-COMPRESS_LEVEL = 2
 
 
 class DemonstrationError(DataError):
@@ -77,15 +76,7 @@ def shard_path(seed: int) -> str:
 
 def write_episode(root: str | os.PathLike, seed: int, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """Write one episode shard atomically; returns the manifest fields it owns (file, sha256, bytes)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=COMPRESS_LEVEL) as zf:
-        for key, value in arrays.items():
-            member = io.BytesIO()
-            np.lib.format.write_array(member, np.ascontiguousarray(value), allow_pickle=False)
-            # a fixed timestamp makes the shard a pure function of its arrays: same episode, same bytes, same sha256
-            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            zf.writestr(info, member.getvalue(), zipfile.ZIP_DEFLATED, COMPRESS_LEVEL)
-    data = buf.getvalue()
+    data = npz_bytes(arrays)  # deflated by ISA-L (datasets/npz.py); np.load reads it like any .npz
     rel = shard_path(seed)
     path = Path(root) / rel
     path.parent.mkdir(parents=True, exist_ok=True)
