@@ -136,6 +136,40 @@ def _dense(x, wt, b, out):  # pragma: no cover - compiled
     return out
 
 
+@njit(cache=True, inline="always")
+def _clip(x, lo, hi):  # pragma: no cover - compiled
+    """numpy's float clip with scalar bounds, bit for bit: NaN passes, a tie keeps x (np.clip(-0.0, 0.0, 1) is -0.0)."""
+    if x != x:
+        return x
+    y = x if x >= lo else lo
+    return hi if y > hi else y
+
+
+@njit(cache=True, boundscheck=False)
+def _standardised(states, mean, std, bound, out):  # pragma: no cover - compiled
+    """out (K, I) = ((states - mean) / std).clip(-bound, bound) in float32, as numpy computes it."""
+    for r in range(states.shape[0]):
+        for i in range(states.shape[1]):
+            out[r, i] = _clip((states[r, i] - mean[i]) / std[i], -bound, bound)
+    return out
+
+
+@njit(cache=True, boundscheck=False)
+def _env_actions(a, speed, speed_mode, c, out):  # pragma: no cover - compiled
+    """out (K, 3) = to_env_action(a.clip(-1, 1), speed) on float32 numpy arrays, bit for bit (its float32 operations
+    in its order). c: float32 (brake_scale, v_min, v_max - v_min, k_gas, k_brake)."""
+    one, zero, half = np.float32(1.0), np.float32(0.0), np.float32(0.5)
+    for r in range(a.shape[0]):
+        steer, u = _clip(a[r, 0], -one, one), _clip(a[r, 1], -one, one)
+        if speed_mode:
+            target = c[1] + half * (u + one) * c[2]
+            gas, brake = _clip(c[3] * (target - speed[r]), zero, one), _clip(c[4] * (speed[r] - target), zero, c[0])
+        else:  # np.maximum(u, 0.0): NaN passes, a tie gives the 0.0
+            gas, brake = u if (u != u or u > zero) else zero, c[0] * (-u if (u != u or -u > zero) else zero)
+        out[r, 0], out[r, 1], out[r, 2] = steer, gas, brake
+    return out
+
+
 def _tanh(x: np.ndarray) -> np.ndarray:
     return np.tanh(x, out=x)
 
@@ -150,12 +184,14 @@ _ACTIVATION_FN = {"tanh": _tanh, "relu": _relu}
 class PPOExpert:
     """Expert interface: `reset()`, `act(state) -> (3,) float32`. Stateless: the policy is a function of the state.
 
-    Acting runs the policy's forward (its weights as of construction) in float32 numpy and one numba kernel per
-    layer, not through torch. Why: the closed loop asks for one action per car-step between two frames, and torch's
-    dispatch of eight small ops ran in caches the renderer had just evicted (with the faster frame coding, this
-    took `drive bench closedloop`'s collect row from 867 to 1023 steps per CPU-s: docs/scale.md). Each row is
-    computed alone, so K cars' states in one `act_many` call (drive/loop/lanes.py) get what each gets alone, bit
-    for bit. Departure from `PPOPolicy.forward`, which is what SB3 computes: the matrix products sum in another
+    Acting runs the policy's forward (its weights as of construction) in float32 numba kernels, not through torch:
+    the standardisation, each layer and the action mapping, each numpy's operations in numpy's order (bit for bit:
+    tests/agents/test_experts.py), with numpy's tanh between them. Why: the closed loop asks for one action per
+    car-step between two frames, and torch's dispatch of eight small ops ran in caches the renderer had just evicted
+    (with the faster frame coding, this took `drive bench closedloop`'s collect row from 867 to 1023 steps per CPU-s:
+    docs/scale.md); numpy's dozen small calls after it cost ~24 us per call, the kernels ~10 (docs/scale.md). Each
+    row is computed alone, so K cars' states in one `act_many` call (drive/loop/lanes.py) get what each gets alone,
+    bit for bit. Departure from `PPOPolicy.forward`, which is what SB3 computes: the matrix products sum in another
     order and tanh is numpy's, so actions differ in the last bits (below 1e-5: tests/agents/test_experts.py), and
     closed-loop laps with them (checkpoints/expert_ppo.md has the returns before and after).
     """
@@ -169,6 +205,10 @@ class PPOExpert:
         self._mean = policy.obs_mean.detach().cpu().numpy().astype(np.float32)  # type: ignore[operator]
         self._std = np.sqrt(policy.obs_var.detach().cpu().numpy().astype(np.float32) + cfg.obs_eps)  # type: ignore[operator]
         self._activation = _ACTIVATION_FN[cfg.activation]  # elementwise, numpy's float32 kernels
+        if cfg.action_mode not in ("accel", "speed"):
+            raise ValueError(f"action_mode must be 'accel' or 'speed', got {cfg.action_mode!r}")
+        # the Python floats of to_env_action as numpy casts them next to float32 arrays
+        self._consts = np.array([cfg.brake_scale, cfg.v_min, cfg.v_max - cfg.v_min, cfg.k_gas, cfg.k_brake], np.float32)
 
     def reset(self) -> None:
         pass
@@ -187,9 +227,10 @@ class PPOExpert:
         states = np.asarray(states, dtype=np.float32)
         if states.ndim != 2 or states.shape[1] != cfg.obs_dim:
             raise ValueError(f"PPO expert expects a state of shape ({cfg.obs_dim},), got {states.shape[1:]}")
-        x = ((states - self._mean) / self._std).clip(-cfg.clip_obs, cfg.clip_obs)  # (K, obs_dim)
+        x = _standardised(states, self._mean, self._std, np.float32(cfg.clip_obs), np.empty_like(states))  # (K, I)
         for n, (wt, b) in enumerate(self._layers):
             x = _dense(x, wt, b, np.empty((len(x), wt.shape[1]), np.float32))  # (K, width)
             if n < len(self._layers) - 1:
                 x = self._activation(x)
-        return to_env_action(x.clip(-1.0, 1.0), states[:, cfg.speed_index], cfg).astype(np.float32)  # (K, 3)
+        speed = np.ascontiguousarray(states[:, cfg.speed_index])  # (K,)
+        return _env_actions(x, speed, cfg.action_mode == "speed", self._consts, np.empty((len(x), 3), np.float32))

@@ -9,6 +9,7 @@ import pytest
 import torch
 from gymnasium.envs.box2d.car_dynamics import Car
 
+import agents.experts.ppo as ppo
 from agents.experts.ppo import PPOExpert, PPOPolicy, PPOPolicyConfig, to_env_action
 from drive import checkpoint
 from drive.learn.ppo_expert import held_out_returns as episode_returns
@@ -129,6 +130,50 @@ def test_the_expert_acts_as_its_torch_policy_computes(activation, mode):
     a = torch.randn(64, 2) * 1.5
     speed = torch.rand(64) * 100
     assert np.array_equal(to_env_action(a.numpy(), speed.numpy(), cfg), to_env_action(a, speed, cfg).numpy())
+
+
+def test_the_kernels_clip_is_numpys_clip_on_every_awkward_value():
+    values = np.array([-0.0, 0.0, np.nan, -np.nan, np.inf, -np.inf, -1.0, 1.0, 10.0, -10.5, 0.8, 1e-45], np.float32)
+    for lo, hi in ((-1.0, 1.0), (0.0, 1.0), (0.0, 0.8), (-10.0, 10.0)):
+        want = np.clip(values, lo, hi)
+        got = np.array([ppo._clip(v, np.float32(lo), np.float32(hi)) for v in values], np.float32)
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), (lo, hi)
+
+
+@pytest.mark.parametrize("mode", ["accel", "speed"])
+def test_the_expert_kernels_keep_numpys_bits(mode, monkeypatch):
+    """The standardisation and action kernels against numpy's ops on the same layer outputs, bit for bit: states
+    with NaN, infinities, signed zeros, values at and past the clip bound; policy outputs of -0.0, ties at +-1, NaN."""
+    cfg = PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(16,), action_mode=mode, v_min=5.0, v_max=110.0)
+    torch.manual_seed(0)
+    policy = PPOPolicy(cfg)
+    with torch.no_grad():
+        policy.obs_mean.normal_()
+        policy.obs_var.uniform_(0.5, 4.0)
+    expert = PPOExpert(policy)
+    rng = np.random.default_rng(0)
+    states = (rng.normal(size=(300, STATE_DIM)) * rng.choice([0.1, 3.0, 40.0], size=(300, 1))).astype(np.float32)
+    edges = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, 110.0, 5.0], np.float32)
+    states[::3, 1:9] = edges
+    states[::4, 1] = expert._mean[1] + 10 * expert._std[1]  # at the clip bound
+    states[:, cfg.speed_index] = rng.choice([0.0, -0.0, 5.0, 57.5, 110.0, 300.0, np.nan, np.inf], size=300)
+    # the last layer's outputs pinned to the awkward values, through a stand-in for the (unchanged) dense kernel
+    outputs = rng.choice(np.array([-0.0, 0.0, 1.0, -1.0, 1.5, -7.0, np.nan, np.inf, 0.25, -0.3], np.float32),
+                         size=(300, 2))  # fmt: skip
+    dense, calls = ppo._dense, []
+
+    def pinned(x, wt, b, out):
+        calls.append(x.copy())
+        return outputs.copy() if wt.shape[1] == 2 else dense(x, wt, b, out)
+
+    monkeypatch.setattr(ppo, "_dense", pinned)
+    with np.errstate(all="ignore"):
+        got = expert.act_many(states)
+        want_z = ((states - expert._mean) / expert._std).clip(-cfg.clip_obs, cfg.clip_obs)
+        want = to_env_action(outputs.clip(-1.0, 1.0), states[:, cfg.speed_index], cfg).astype(np.float32)
+    assert calls[0].view(np.uint32).tolist() == want_z.view(np.uint32).tolist()  # standardised, bit for bit
+    assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert np.isnan(got).any() and np.signbit(got[got == 0]).any()  # the awkward values did reach the output
 
 
 def test_export_reproduces_sb3_deterministic_actions(tmp_path):
