@@ -87,12 +87,17 @@ class NoisyPolicy:
     def act(self, obs: Any, info: Mapping[str, Any]) -> PolicyOutput:
         return self.wrap(self.policy.act(obs, info))
 
+    def _clip(self, action: np.ndarray) -> np.ndarray:
+        """np.clip(action, low, high), the same bits (NaN passes, a tie gives the bound: tests/drive/loop/
+        test_rollout.py) for a third of its cost on three values."""
+        return np.minimum(np.maximum(action, self.low), self.high)
+
     def wrap(self, out: np.ndarray | PolicyOutput) -> PolicyOutput:
         """The inner policy's step -> this one's (noise added to the executed action)."""
         inner = out if isinstance(out, PolicyOutput) else PolicyOutput(np.asarray(out, np.float32))
-        clean = np.clip(np.asarray(inner.action, np.float32), self.low, self.high)
+        clean = self._clip(np.asarray(inner.action, np.float32))
         noise = self.std * self._rng.standard_normal(clean.shape).astype(np.float32) if self.std else 0.0
-        executed = np.clip(clean + noise, self.low, self.high)
+        executed = self._clip(clean + noise)
         return PolicyOutput(executed, clean, inner.source, inner.prediction, inner.internals, inner.expert,
                             inner.latency_ms, inner.gate, inner.frame)  # fmt: skip
 

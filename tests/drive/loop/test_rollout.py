@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,16 @@ def test_parse_seeds():
             parse_seeds(bad)
     assert format_seeds([8, 0, 1, 2, 5, 7]) == "0-2,5,7-8"
     assert parse_seeds(format_seeds([3, 4, 9])) == [3, 4, 9]
+
+
+def test_dart_noise_clips_like_np_clip_on_every_awkward_value():
+    """NoisyPolicy's clip (np.maximum then np.minimum) gives np.clip's bits: NaN, infinities, signed zeros, ties."""
+    low, high = np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32)
+    values = np.array([-0.0, 0.0, np.nan, np.inf, -np.inf, -1.0, 1.0, 2.0, -2.0, 0.5, 1e-45, -1e-45], np.float32)
+    policy = NoisyPolicy(ExpertPolicy(FakeRoadDriver()), 0.0, low, high)
+    for action in itertools.product(values, repeat=3):
+        a = np.array(action, np.float32)
+        out = policy.wrap(a)
+        assert out.label.view(np.uint32).tolist() == np.clip(a, low, high).view(np.uint32).tolist(), a
+        assert out.action.view(np.uint32).tolist() == np.clip(np.clip(a, low, high) + 0.0, low, high).view(
+            np.uint32).tolist(), a  # fmt: skip
