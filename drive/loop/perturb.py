@@ -30,6 +30,7 @@ import numpy as np
 
 from datasets.perturb import FramePerturber, Perturbation
 from drive.loop.envs import make_env
+from drive.loop.rollout import clip_action
 
 ACTUATION_KINDS = {
     "steer_delay": "steering delay in steps (50 per second), integer in [0, 250]",
@@ -101,7 +102,7 @@ class ShiftedActuation(gym.Wrapper):
             executed[STEER] = self.steer[t - delay] if t >= delay else 0.0
         else:  # drawn every step, clean or not: the stream of an episode never depends on its schedule
             noise = self.rng.standard_normal(commanded.shape).astype(np.float32)
-            executed = np.clip(commanded + np.float32(self.level or 0.0) * noise, self.low, self.high)
+            executed = clip_action(commanded + np.float32(self.level or 0.0) * noise, self.low, self.high)
         obs, reward, terminated, truncated, info = self.env.step(executed)
         return obs, reward, terminated, truncated, {**info, "executed_action": executed}
 

@@ -9,7 +9,7 @@ import pytest
 
 from drive.errors import UserError
 from drive.loop.policies import ExpertPolicy, NoisyPolicy
-from drive.loop.rollout import PolicyOutput, StepRecord, rollout
+from drive.loop.rollout import PolicyOutput, StepRecord, clip_action, rollout
 from drive.loop.seeds import format_seeds, parse_seeds
 from sim_bridges.fake_road import FakeRoadDriver, make_fake_road
 
@@ -158,13 +158,15 @@ def test_parse_seeds():
     assert parse_seeds(format_seeds([3, 4, 9])) == [3, 4, 9]
 
 
-def test_dart_noise_clips_like_np_clip_on_every_awkward_value():
-    """NoisyPolicy's clip (np.maximum then np.minimum) gives np.clip's bits: NaN, infinities, signed zeros, ties."""
+def test_the_loops_clip_is_np_clip_on_every_awkward_value():
+    """`clip_action` (np.maximum then np.minimum) gives np.clip's bits on NaN, infinities, signed zeros and ties, and
+    so does NoisyPolicy, which clips with it."""
     low, high = np.array([-1.0, 0.0, 0.0], np.float32), np.array([1.0, 1.0, 1.0], np.float32)
     values = np.array([-0.0, 0.0, np.nan, np.inf, -np.inf, -1.0, 1.0, 2.0, -2.0, 0.5, 1e-45, -1e-45], np.float32)
     policy = NoisyPolicy(ExpertPolicy(FakeRoadDriver()), 0.0, low, high)
     for action in itertools.product(values, repeat=3):
         a = np.array(action, np.float32)
+        assert clip_action(a, low, high).view(np.uint32).tolist() == np.clip(a, low, high).view(np.uint32).tolist()
         out = policy.wrap(a)
         assert out.label.view(np.uint32).tolist() == np.clip(a, low, high).view(np.uint32).tolist(), a
         assert out.action.view(np.uint32).tolist() == np.clip(np.clip(a, low, high) + 0.0, low, high).view(
