@@ -1,15 +1,15 @@
 """An .npz writer whose deflate runs on ISA-L (python-isal): numpy's archive format, `np.load` reads it as is.
 
-An .npz is a zip file of .npy members. `zipfile` compresses with the zlib it was built against, where deflating a
-demonstration shard cost ~43 us per recorded step at level 2 (the cheapest level that kept shards small), ~5 % of
-a collect step; ISA-L's level 1 deflates the same bytes in ~10 us to the same size (within 2 %; the measurement is
-in docs/scale.md). `zipfile` has no way to take another compressor, so this module lays out the zip itself: per
-member a local header, the raw deflate stream and, at the end, the central directory (PKWARE's APPNOTE.TXT, the
-fields `zipfile` reads: version 2.0, method 8, the CRC-32 and sizes in the local header, no data descriptor). Members
-past zip's 32-bit sizes (ZIP64) are refused rather than written wrong; a shard is one episode, far below them.
+An .npz is a zip file of .npy members. `zipfile` compresses with the zlib it was built against, where compressing
+a demonstration shard's arrays at level 2 (the cheapest level that kept shards small) took 75-92 us per recorded
+step; this module builds the whole archive in ~24 us, 1.6 % larger (the commands and figures are in docs/scale.md).
+`zipfile` has no way to take another compressor, so this module lays out the zip itself: per member a local header,
+the raw deflate stream and, at the end, the central directory (PKWARE's APPNOTE.TXT, the fields `zipfile` reads:
+version 2.0, method 8, the CRC-32 and sizes in the local header, no data descriptor). Members past zip's 32-bit
+sizes (ZIP64) are refused rather than written wrong; a shard is one episode, far below them.
 
 Every member carries the same fixed timestamp (1980-01-01), so the archive is a pure function of its arrays: the same
-episode gives the same bytes and sha256. Other levels and other zlib builds give other (equally valid) bytes.
+episode gives the same bytes and sha256. Another level or ISA-L release may give other (equally valid) bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 from isal import isal_zlib
 
-LEVEL = 1  # ISA-L's levels run 0-3; 1 compressed demonstration shards as well as zlib's 2 (docs/scale.md)
+LEVEL = 1  # ISA-L's levels run 0-3; 1 gives shards within 2 % of zlib level 2's size (docs/scale.md)
 _LIMIT = (1 << 31) - 1  # what `zipfile` itself writes without ZIP64
 _DOS_DATE = (0 << 9) | (1 << 5) | 1  # 1980-01-01, the earliest date a zip can hold; time 00:00:00
 _VERSION = 20  # 2.0: deflate

@@ -167,10 +167,10 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
 
 
 AUTO_ENVS = 32  # `--envs 0`: up to this many cars per process (drive bench closedloop: the fastest K measured)
-# `drive collect --envs 0`: up to 4 cars per process. The PPO expert acts on the 50-d state, so its call is cheap and
-# 4 cars take most of what one call for all gives (`time drive collect --out D --seeds 5000-5003 --envs K`: K = 4
-# ~3 % less CPU than K = 1, docs/scale.md); few cars per task, little to record again after a kill (a task's
-# episodes enter the manifest when its last one ends). Collect's default stays 1: a kill loses no finished episode
+# `drive collect --envs 0`: up to 4 cars per process. The PPO expert acts on the 50-d state in ~10 us, so lanes have
+# little to amortise: K = 4 and K = 1 cost the same CPU within noise (`time drive collect --out D --seeds 5000-5003
+# --envs K`, docs/scale.md); few cars per task, little to record again after a kill (a task's episodes enter the
+# manifest when its last one ends). Collect's default stays 1: a kill loses no finished episode
 AUTO_COLLECT_ENVS = 4
 
 
