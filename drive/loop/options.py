@@ -108,7 +108,7 @@ class EvalOptions:
     """ckpt on carracing: failure prediction, AUROC of an event within this many steps (0: off; loop/failures.py)"""
     envs: NonNegativeInt = 0
     """cars driven at once in each process (lanes): the controller answers all of them in one call per step; an
-    episode's record does not depend on it (drive/loop/rollout.py `run_lanes`). 0: min(32, seeds per worker), the
+    episode's record does not depend on it (drive/loop/rollout.py `run_lanes`). 0: min(64, seeds per worker), the
     fastest K of `drive bench closedloop` (docs/scale.md)"""
     device: str = "cpu"
     """ckpt: where the controller runs (cpu, cuda, cuda:N, mps); the simulator and the shadow expert stay on the CPU"""
@@ -140,7 +140,7 @@ class DaggerOptions:
     """simulator: carracing, or fake-road (tests; its expert is 'pursuit')"""
     envs: NonNegativeInt = 0
     """cars driven at once in each process, one clone call per step for all; a record does not depend on it. 0:
-    min(32, seeds per worker), as `drive eval`"""
+    min(64, seeds per worker), as `drive eval`"""
     progress: bool = True
     """show a progress bar"""
     query_quantile: OpenUnit | None = None

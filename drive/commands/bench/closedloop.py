@@ -9,7 +9,7 @@ CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so
 skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
 expert's laps replayed open loop (drive/studies/closedloop_envs.py says why both), in `--rounds` rounds that
 alternate their order; then `drive collect --envs 0` with 1 and 2 workers and `drive eval` of a trained controller with
-K = 1, 4, 16, 32 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as
+K = 1, 4, 16, 32, 64 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as
 start-up, one step of each env and a 3-step collect and eval: what a process pays once (imports, numba's kernels,
 pygame's font, checkpoints), which short timed rows would otherwise charge to their steps (EnvPool's subprocess likewise
 times its step loop only). Collect and eval rates then count the whole run (pool workers' start-up, policy
@@ -67,9 +67,9 @@ class Config:
     """policy the eval runs drive"""
     samples: PositiveInt = 32
     """eval: stochastic samples per step"""
-    envs: tuple[int, ...] = (1, 4, 16, 32)
+    envs: tuple[int, ...] = (1, 4, 16, 32, 64)
     """eval: cars per process (K) of the 1-worker runs; the best per core runs again on 2 workers"""
-    eval_episodes: PositiveInt = 32
+    eval_episodes: PositiveInt = 64
     """episodes per 1-worker eval run, at least the largest K (the 2-worker run drives twice as many)"""
     eval_max_episode_steps: PositiveInt = 1000
     """step limit per eval episode: full episodes, like the env loops (a reset builds a track: in short episodes its

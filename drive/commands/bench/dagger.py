@@ -54,7 +54,7 @@ class Config:
     workers: Workers = 1
     """parallel episodes (DAgger and eval)"""
     envs: NonNegativeInt = 0
-    """cars per worker process, one clone call per step for all (DAgger and eval; 0: min(32, seeds per worker))"""
+    """cars per worker process, one clone call per step for all (DAgger and eval; 0: min(64, seeds per worker))"""
 
 
 def _eval(cfg: Config, ckpt: Path, target: Path) -> dict:

@@ -37,7 +37,7 @@ class Config:
     workers: Workers = 1
     """parallel episodes per point"""
     envs: NonNegativeInt = 0
-    """cars per worker process, one controller call per step for all (drive eval --envs; 0: min(32, seeds per
+    """cars per worker process, one controller call per step for all (drive eval --envs; 0: min(64, seeds per
     worker))"""
     samples: PositiveInt | None = None
     """stochastic samples per step (default: each controller's own)"""
