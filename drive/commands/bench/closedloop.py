@@ -22,7 +22,9 @@ Per-core rates are steps over the CPU time of this process and its workers (the 
 threads included): what a step costs, whatever else runs. Wall-clock rates are printed beside them and the 2-worker
 ratio is a wall one (on a shared machine they measure the neighbours: the load average is recorded). The collect
 and eval ratios are given against both env rows: the random one (the issue's figure) and the driving one (like for
-like: collect drives exactly the replayed laps, eval the same tracks). A benchmark.
+like: collect drives exactly the replayed laps, eval the same tracks). Beside each per-core ratio the range it
+spans round by round (`round_ranges`): where that range straddles a target, the machine's drift decided the verdict.
+A benchmark.
 """
 
 from __future__ import annotations
@@ -169,7 +171,39 @@ def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | No
     }
 
 
-def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | None]) -> None:
+def round_ranges(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, list[float] | None]:
+    """[min, max] over the rounds of each per-core ratio that has rounds: two env rows paired round by round (each
+    round runs every env back to back), a collect or eval row (run once) against each round of its env row. The
+    ratio of the sums lies in between; a range that straddles a target says this machine's drift, not the code,
+    decided that verdict. None where neither row has rounds or one is missing."""
+    best = f"eval_k{best_eval(rows, ks)}"
+    pairs = {"renderer_over_envpool": ("renderer", "envpool"), "renderer_over_stock": ("renderer", "stock"),
+             "collect1_over_renderer": ("collect1", "renderer"), "eval_best_over_renderer": (best, "renderer"),
+             "renderer_over_envpool_driving": ("renderer_driving", "envpool_driving"),
+             "state_over_envpool_driving": ("state_driving", "envpool_driving"),
+             "collect1_over_renderer_driving": ("collect1", "renderer_driving"),
+             "eval_best_over_renderer_driving": (best, "renderer_driving")}  # fmt: skip
+
+    def rounds(key: str) -> list[float] | None:
+        row = rows.get(key)
+        if row is None or row.skipped or not row.steps_per_cpu_s:
+            return None
+        return list(row.detail.get("per_round_steps_per_cpu_s", [row.steps_per_cpu_s]))
+
+    out: dict[str, list[float] | None] = {}
+    for name, (a, b) in pairs.items():
+        ra, rb = rounds(a), rounds(b)
+        if ra is None or rb is None or len(ra) == len(rb) == 1:
+            out[name] = None
+            continue
+        ra, rb = ra * (len(rb) if len(ra) == 1 else 1), rb * (len(ra) if len(rb) == 1 else 1)
+        values = [x / y for x, y in zip(ra, rb, strict=True)]
+        out[name] = [min(values), max(values)]
+    return out
+
+
+def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | None],
+                 ranges: dict[str, list[float] | None]) -> None:  # fmt: skip
     from rich.table import Table
 
     table = Table(title="closed loop: steps per CPU-second (per core) and per second")
@@ -183,13 +217,15 @@ def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | N
                       f"{row.steps_per_s:.0f}", f"{row.wall_s:.1f}")  # fmt: skip
     console.print(table)
     checks = Table(title="ratios (per core; the 2-worker ones wall-clock)")
-    for col in ("ratio", "measured", "target", ""):
+    for col in ("ratio", "measured", "round by round", "target", ""):
         checks.add_column(col, justify="right" if col else "left")
     for key, value in ratios.items():
         target = TARGETS.get(key)
         verdict = "" if target is None or value is None else ("met" if value >= target else "MISSED")
         shown = "n/a" if value is None else f"{value:.2f}x"
-        checks.add_row(key, shown, "-" if target is None else f">= {target}x", verdict)
+        span = ranges.get(key)
+        spread = "" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
+        checks.add_row(key, shown, spread, "-" if target is None else f">= {target}x", verdict)
     console.print(checks)
 
 
@@ -232,13 +268,14 @@ def run(cfg: Config) -> int:
     else:
         with console.status("measuring eval2 ..."):
             rows["eval2"] = eval_row(cfg, best, 2)
-    ratios = ratios_of(rows, cfg.envs)
-    print_tables(console, rows, ratios)
+    ratios, ranges = ratios_of(rows, cfg.envs), round_ranges(rows, cfg.envs)
+    print_tables(console, rows, ratios, ranges)
     calls = controller_calls(cfg, best, console)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
-    results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios, "targets": TARGETS,
+    results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios,
+               "ratio_round_ranges": ranges, "targets": TARGETS,
                "best_envs": best, "met": met, "start_up": start_up, "controller_call_cpu_ms": calls,
                "config": portable({k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}),
                "machine": machine}  # fmt: skip

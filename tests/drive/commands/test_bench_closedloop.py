@@ -7,6 +7,7 @@ import json
 import sys
 
 import numpy as np
+import pytest
 
 from drive.cli import main
 from drive.commands.bench import closedloop
@@ -49,6 +50,7 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     assert results["rows"]["eval_k1"]["steps"] == 6 and results["rows"]["eval2"]["steps"] == 12
     assert results["best_envs"] in (1, 2) and results["rows"]["eval2"]["detail"]["envs"] == results["best_envs"]
     assert set(results["ratios"]) >= set(closedloop.TARGETS) and set(results["met"]) == set(closedloop.TARGETS)
+    assert set(results["ratio_round_ranges"]) <= set(results["ratios"])  # each a [min, max] or None
     no_envpool = ("renderer_over_envpool", "renderer_over_envpool_driving", "state_over_envpool_driving")
     assert all(results["ratios"][k] is None and results["met"].get(k) is None for k in no_envpool)
     assert all(v is not None for k, v in results["ratios"].items() if k not in no_envpool)
@@ -105,3 +107,28 @@ def test_fewer_eval_episodes_than_cars_is_refused_in_one_line(capsys):
     assert main(["bench", "closedloop", "--envs", "1", "8", "--eval-episodes", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("drive bench closedloop: error: --eval-episodes 4 is below --envs 8") and "\n" not in err
+
+
+def test_round_ranges_bracket_each_ratio_and_pair_env_rows_by_round():
+    """Env rows pair round by round, a collect or eval row meets each round of its env row; the ratio of the sums
+    lies in the range; a skipped row gives no range."""
+    from drive.studies.closedloop_envs import Row
+
+    def env(label: str, cpu: list[float]) -> Row:  # 100 steps per round
+        return Row(
+            label, 100 * len(cpu), sum(cpu), sum(cpu), detail={"per_round_steps_per_cpu_s": [100 / c for c in cpu]}
+        )
+
+    rows = {"stock": env("s", [1.0, 1.0]), "renderer": env("r", [0.1, 0.2]), "envpool": env("e", [0.1, 0.1]),
+            "stock_driving": env("sd", [1.0, 1.0]), "renderer_driving": env("rd", [0.1, 0.1]),
+            "envpool_driving": Row("ed", skipped="no envpool"), "state_driving": env("st", [0.01, 0.01]),
+            "collect1": Row("c1", 300, 0.5, 0.5), "collect2": Row("c2", 300, 0.3, 0.6),
+            "eval_k1": Row("e1", 100, 1.0, 1.0), "eval_k4": Row("e4", 100, 0.5, 0.5),
+            "eval2": Row("e2", 200, 0.5, 1.0)}  # fmt: skip
+    ranges, ratios = closedloop.round_ranges(rows, (1, 4)), closedloop.ratios_of(rows, (1, 4))
+    assert ranges["renderer_over_envpool"] == pytest.approx([0.5, 1.0])  # round 1: 1000 / 1000, round 2: 500 / 1000
+    assert ranges["eval_best_over_renderer"] == pytest.approx([0.2, 0.4])  # K = 4: 200 against 1000 and 500
+    assert ranges["renderer_over_envpool_driving"] is None and ranges["state_over_envpool_driving"] is None
+    for key, span in ranges.items():
+        if span is not None:
+            assert span[0] <= ratios[key] + 1e-12 and ratios[key] <= span[1] + 1e-12, key
