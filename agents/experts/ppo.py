@@ -136,34 +136,40 @@ def _dense(x, wt, b, out):  # pragma: no cover - compiled
     return out
 
 
+# numpy's float clip at a tie with its lower bound: numpy 2 keeps x (np.clip(-0.0, 0.0, 1.0) is -0.0), numpy 1.26
+# gives the bound (+0.0). The kernels take it as an argument (not a global, which numba's cache would freeze).
+TIE_KEEPS_X = bool(np.signbit(np.array([-0.0], np.float32).clip(0.0, 1.0))[0])
+
+
 @njit(cache=True, inline="always")
-def _clip(x, lo, hi):  # pragma: no cover - compiled
-    """numpy's float clip with scalar bounds, bit for bit: NaN passes, a tie keeps x (np.clip(-0.0, 0.0, 1) is -0.0)."""
+def _clip(x, lo, hi, keep):  # pragma: no cover - compiled
+    """numpy's float clip with scalar bounds, bit for bit: NaN passes; at a tie with lo, x if `keep` (TIE_KEEPS_X)."""
     if x != x:
         return x
-    y = x if x >= lo else lo
+    y = x if (x > lo or (keep and x == lo)) else lo
     return hi if y > hi else y
 
 
 @njit(cache=True, boundscheck=False)
-def _standardised(states, mean, std, bound, out):  # pragma: no cover - compiled
+def _standardised(states, mean, std, bound, keep, out):  # pragma: no cover - compiled
     """out (K, I) = ((states - mean) / std).clip(-bound, bound) in float32, as numpy computes it."""
     for r in range(states.shape[0]):
         for i in range(states.shape[1]):
-            out[r, i] = _clip((states[r, i] - mean[i]) / std[i], -bound, bound)
+            out[r, i] = _clip((states[r, i] - mean[i]) / std[i], -bound, bound, keep)
     return out
 
 
 @njit(cache=True, boundscheck=False)
-def _env_actions(a, speed, speed_mode, c, out):  # pragma: no cover - compiled
+def _env_actions(a, speed, speed_mode, keep, c, out):  # pragma: no cover - compiled
     """out (K, 3) = to_env_action(a.clip(-1, 1), speed) on float32 numpy arrays, bit for bit (its float32 operations
     in its order). c: float32 (brake_scale, v_min, v_max - v_min, k_gas, k_brake)."""
     one, zero, half = np.float32(1.0), np.float32(0.0), np.float32(0.5)
     for r in range(a.shape[0]):
-        steer, u = _clip(a[r, 0], -one, one), _clip(a[r, 1], -one, one)
+        steer, u = _clip(a[r, 0], -one, one, keep), _clip(a[r, 1], -one, one, keep)
         if speed_mode:
             target = c[1] + half * (u + one) * c[2]
-            gas, brake = _clip(c[3] * (target - speed[r]), zero, one), _clip(c[4] * (speed[r] - target), zero, c[0])
+            gas = _clip(c[3] * (target - speed[r]), zero, one, keep)
+            brake = _clip(c[4] * (speed[r] - target), zero, c[0], keep)
         else:  # np.maximum(u, 0.0): NaN passes, a tie gives the 0.0
             gas, brake = u if (u != u or u > zero) else zero, c[0] * (-u if (u != u or -u > zero) else zero)
         out[r, 0], out[r, 1], out[r, 2] = steer, gas, brake
@@ -227,10 +233,12 @@ class PPOExpert:
         states = np.asarray(states, dtype=np.float32)
         if states.ndim != 2 or states.shape[1] != cfg.obs_dim:
             raise ValueError(f"PPO expert expects a state of shape ({cfg.obs_dim},), got {states.shape[1:]}")
-        x = _standardised(states, self._mean, self._std, np.float32(cfg.clip_obs), np.empty_like(states))  # (K, I)
+        bound = np.float32(cfg.clip_obs)
+        x = _standardised(states, self._mean, self._std, bound, TIE_KEEPS_X, np.empty_like(states))  # (K, I)
         for n, (wt, b) in enumerate(self._layers):
             x = _dense(x, wt, b, np.empty((len(x), wt.shape[1]), np.float32))  # (K, width)
             if n < len(self._layers) - 1:
                 x = self._activation(x)
         speed = np.ascontiguousarray(states[:, cfg.speed_index])  # (K,)
-        return _env_actions(x, speed, cfg.action_mode == "speed", self._consts, np.empty((len(x), 3), np.float32))
+        out = np.empty((len(x), 3), np.float32)
+        return _env_actions(x, speed, cfg.action_mode == "speed", TIE_KEEPS_X, self._consts, out)  # (K, 3)
