@@ -9,7 +9,7 @@ on the privileged state vector of `sim_bridges.carracing`. What is exported is e
     action = to_env_action(a, speed)                                               (steer, pedal) -> 3-vector
 
 `to_env_action` is the policy's action parametrisation, used by training too so the two can never disagree (on
-tensors there, on numpy arrays in `PPOExpert`, which acts without torch: its docstring says why).
+tensors there; `PPOExpert`, which acts without torch, runs a numba copy held to its numpy bits by a test).
 One pedal axis instead of separate gas and brake (pressing both is never useful and doubles the exploration noise):
 - 'accel': gas when positive, brake (times `brake_scale`) when negative.
 - 'speed': the axis is a target speed in [v_min, v_max] that a proportional servo tracks with gas or brake.
@@ -70,7 +70,9 @@ class PPOPolicyConfig:
 
 def to_env_action(a: Array, speed: Array, cfg: PPOPolicyConfig) -> Array:
     """(B, 2) policy action (steer, pedal) and (B,) speed in m/s -> (B, 3) env action (steer, gas, brake).
-    Torch tensors (training) or float32 numpy arrays (`PPOExpert`): the same float32 operations, the same bits."""
+    Torch tensors (training) or float32 numpy arrays: the same float32 operations, the same bits. `PPOExpert` acts
+    through `_env_actions`, a kernel copy of these operations held to this function's numpy bits by
+    tests/agents/test_experts.py: change one, change both."""
     a = a.clip(-1.0, 1.0)
     steer, u = a[:, 0], a[:, 1]
     if cfg.action_mode == "accel":

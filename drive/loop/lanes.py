@@ -166,8 +166,9 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
     return outs
 
 
-# `--envs 0`: up to this many cars per process, the fastest K measured: `drive bench closedloop` (K = 64 drove ~5 %
-# more steps per CPU-s than 32; 128 no more than 64, for 1.8 GB resident against 1.1: docs/scale.md)
+# `--envs 0`: up to this many cars per process, the fastest K measured: `drive bench closedloop` (K = 64 drove 3-5 %
+# more steps per CPU-s than 32; `drive eval --envs 128` no more than 64, for 1.77 GB resident against 1.22:
+# docs/scale.md has both commands)
 AUTO_ENVS = 64
 # `drive collect --envs 0`: up to 4 cars per process. The PPO expert acts on the 50-d state in ~10 us, so lanes have
 # little to amortise: K = 4 and K = 1 cost the same CPU within noise (`time drive collect --out D --seeds 5000-5003
