@@ -52,54 +52,66 @@ def shrink_rows(cv, xc, xfrac, recip, shift, saturate, out, flip=True):
     """smoothscale's X pass over the tiled rows: out (n_rows, 96 * 3) RGB, written bottom-up (the flip) if `flip`.
 
     Output j depends only on tile j and the split pixel of tile j-1; where both are uniform and equal to the row
-    above's, the value is the row above's (most of a frame: large one-colour areas).
+    above's, the value is the row above's (most of a frame: large one-colour areas). Those flags are tested 8 tiles
+    at a time first: few tiles of a row need computing, and testing the rest one by one cost more than computing
+    them. The output width must be a multiple of 8 (96 here).
     """
     _, colour, pool, _, _, t_start, t_end = cv
     n_rows, n_out = colour.shape[0], out.shape[1] // 3
     up = -1 if flip else 1
-    same = np.zeros(n_out + 1, np.bool_)  # same[j + 1]: tile j uniform and equal to the row above's; same[0] True
-    same[0] = True
+    if n_out % 8:
+        raise ValueError("shrink_rows: the output width must be a multiple of 8")
+    # same[j + 8]: tile j uniform and equal to the row above's (1) or not (0); same[7], "tile -1", is 1. Read 8 at a
+    # time as the uint64 words[w] (tiles 8w..8w+7): a block whose 8 flags and predecessor's are all 1 is skipped at
+    # once, the rest tile by tile.
+    same = np.zeros(n_out + 8, np.uint8)
+    same[7] = 1
+    words = same[8:].view(np.uint64)
+    every = np.uint64(0x0101010101010101)
     for r in range(n_rows):
         o = n_rows - 1 - r if flip else r  # output row; o - up holds the canvas row above
         if r > 0:
             for i in range(3 * n_out):  # the row above's values; the tiles that differ are computed over them
                 out[o, i] = out[o - up, i]
             for j in range(n_out):  # branch-free: vectorised
-                same[j + 1] = (colour[r, j] >= 0) & (colour[r, j] == colour[r - 1, j])
-        for j in range(n_out):
-            if r > 0 and same[j + 1] and same[j]:
+                same[j + 8] = (colour[r, j] >= 0) & (colour[r, j] == colour[r - 1, j])
+        for w in range(n_out // 8):
+            if r > 0 and words[w] == every and same[8 * w + 7]:
                 continue
-            cj = colour[r, j]
-            n = t_end[j] - t_start[j]  # full pixels; pixel n is the split one
-            c0 = c1 = c2 = 0
-            if j > 0:
-                d, f = colour[r, j - 1], xfrac[j - 1]
-                if d < 0:
-                    d = pool[-d - 1, t_end[j - 1] - t_start[j - 1]]
-                c0 = ((((d >> 16) & 255) << shift) * f) >> 16
-                c1 = ((((d >> 8) & 255) << shift) * f) >> 16
-                c2 = (((d & 255) << shift) * f) >> 16
-            if cj >= 0:
-                p0, p1, p2 = (cj >> 16) & 255, (cj >> 8) & 255, cj & 255
-                s0, s1, s2 = c0 + p0 * n, c1 + p1 * n, c2 + p2 * n
-            else:
-                s0, s1, s2 = c0, c1, c2
-                slot = -cj - 1
-                for i in range(n):
-                    d = pool[slot, i]
-                    s0 += (d >> 16) & 255
-                    s1 += (d >> 8) & 255
-                    s2 += d & 255
-                d = pool[slot, n]
-                p0, p1, p2 = (d >> 16) & 255, (d >> 8) & 255, d & 255
-            a = xc[j]
-            v0 = ((s0 + (((p0 << shift) * a) >> 16)) * recip) >> 16
-            v1 = ((s1 + (((p1 << shift) * a) >> 16)) * recip) >> 16
-            v2 = ((s2 + (((p2 << shift) * a) >> 16)) * recip) >> 16
-            if saturate:
-                out[o, 3 * j], out[o, 3 * j + 1], out[o, 3 * j + 2] = min(v0, 255), min(v1, 255), min(v2, 255)
-            else:
-                out[o, 3 * j], out[o, 3 * j + 1], out[o, 3 * j + 2] = v0 & 255, v1 & 255, v2 & 255
+            for j in range(8 * w, 8 * w + 8):
+                if r > 0 and same[j + 8] and same[j + 7]:
+                    continue
+                cj = colour[r, j]
+                n = t_end[j] - t_start[j]  # full pixels; pixel n is the split one
+                c0 = c1 = c2 = 0
+                if j > 0:
+                    d, f = colour[r, j - 1], xfrac[j - 1]
+                    if d < 0:
+                        d = pool[-d - 1, t_end[j - 1] - t_start[j - 1]]
+                    c0 = ((((d >> 16) & 255) << shift) * f) >> 16
+                    c1 = ((((d >> 8) & 255) << shift) * f) >> 16
+                    c2 = (((d & 255) << shift) * f) >> 16
+                if cj >= 0:
+                    p0, p1, p2 = (cj >> 16) & 255, (cj >> 8) & 255, cj & 255
+                    s0, s1, s2 = c0 + p0 * n, c1 + p1 * n, c2 + p2 * n
+                else:
+                    s0, s1, s2 = c0, c1, c2
+                    slot = -cj - 1
+                    for i in range(n):
+                        d = pool[slot, i]
+                        s0 += (d >> 16) & 255
+                        s1 += (d >> 8) & 255
+                        s2 += d & 255
+                    d = pool[slot, n]
+                    p0, p1, p2 = (d >> 16) & 255, (d >> 8) & 255, d & 255
+                a = xc[j]
+                v0 = ((s0 + (((p0 << shift) * a) >> 16)) * recip) >> 16
+                v1 = ((s1 + (((p1 << shift) * a) >> 16)) * recip) >> 16
+                v2 = ((s2 + (((p2 << shift) * a) >> 16)) * recip) >> 16
+                if saturate:
+                    out[o, 3 * j], out[o, 3 * j + 1], out[o, 3 * j + 2] = min(v0, 255), min(v1, 255), min(v2, 255)
+                else:
+                    out[o, 3 * j], out[o, 3 * j + 1], out[o, 3 * j + 2] = v0 & 255, v1 & 255, v2 & 255
 
 
 @njit(cache=True)
