@@ -16,8 +16,7 @@ Layout. Rows above `hidden` (under the indicator bar after the flip) are never s
 into the 96 (+1 trailing) *tiles* smoothscale's X pass folds into one output pixel each (`sim_bridges.shrink`).
 A tile is one colour, stored once, or its pixels sit in a pool slot. A scanline run sets whole tiles in O(1) and
 writes pixels only in its two end tiles; an anti-aliased pixel moves its tile to the pool. Outline pixels the
-same polygon's fill covers next, or the next polygon's fill covers after it (a road tile's far edge is the next
-tile's near edge), are never drawn: nothing reads them in between. Most tiles of a frame
+same polygon's fill covers next are never drawn: nothing reads them in between. Most tiles of a frame
 stay one colour. Why this layout (each choice kept because it was faster on recorded frames; `drive bench render
 --breakdown` times the kernel as it is now):
 
@@ -239,8 +238,7 @@ def draw_world(polys_x, polys_y, colours, bg, cv):
     """Reset every surviving row to `bg`, then gfxdraw.aapolygon + gfxdraw.filled_polygon each polygon, in order.
 
     polys_x/polys_y (K, V) int64 Sint16 vertices, colours (K,) 0xRRGGBB. Outline pixels the polygon's own fill
-    paints over right after, or the next polygon's fill after that, are not drawn: nothing reads them in between
-    (the next polygon's runs are found before this one's outline is drawn). The other outline pixels lie outside the
+    paints over right after are not drawn: nothing reads them in between. The other outline pixels lie outside the
     fill, so the fill's runs are painted first and the outline's pixels after them, in their order, straight onto
     the canvas: the pixels `apply_ops` paints from queued ops, without the queue (the tile-to-pool step written out
     where it is needed; see the module docstring). Returns False (having drawn an unfinished frame) where a row
@@ -253,18 +251,9 @@ def draw_world(polys_x, polys_y, colours, bg, cv):
     spans = np.zeros((H - hidden, 5), np.int64)
     line = np.empty((2 * W + 2, 3), np.int64)
     n_pool = pool.shape[0]
-    n_polys = polys_x.shape[0]
-    nxt = np.zeros((H - hidden, 5), np.int64)  # the next polygon's runs: its fill covers what they hold
-    nlo, nhi = 1, 0
-    if n_polys > 0:
-        nlo, nhi = _fill_spans(polys_x[0], polys_y[0], hidden, ints, nxt)
-    for k in range(n_polys):
+    for k in range(polys_x.shape[0]):
         vx, vy, c = polys_x[k], polys_y[k], colours[k]
-        spans, nxt = nxt, spans
-        lo, hi = nlo, nhi
-        nlo, nhi = 1, 0
-        if k + 1 < n_polys:
-            nlo, nhi = _fill_spans(polys_x[k + 1], polys_y[k + 1], hidden, ints, nxt)
+        lo, hi = _fill_spans(vx, vy, hidden, ints, spans)
         for y in range(lo, hi + 1):
             if spans[y - hidden, 0] == -1:
                 return False
@@ -282,11 +271,6 @@ def draw_world(polys_x, polys_y, colours, bg, cv):
                     if spans[r, 0] >= 1 and spans[r, 1] <= x <= spans[r, 2]:
                         continue
                     if spans[r, 0] == 2 and spans[r, 3] <= x <= spans[r, 4]:
-                        continue
-                if nlo <= y <= nhi:  # or the next polygon's fill, over whatever this one paints?
-                    if nxt[r, 0] >= 1 and nxt[r, 1] <= x <= nxt[r, 2]:
-                        continue
-                    if nxt[r, 0] == 2 and nxt[r, 3] <= x <= nxt[r, 4]:
                         continue
                 j = tile_of[x]
                 cj = colour[r, j]
