@@ -52,22 +52,18 @@ def shrink_rows(cv, xc, xfrac, recip, shift, saturate, out, flip=True):
     """smoothscale's X pass over the tiled rows: out (n_rows, 96 * 3) RGB, written bottom-up (the flip) if `flip`.
 
     Output j depends only on tile j and the split pixel of tile j-1; where both are uniform and equal to the row
-    above's, the value is the row above's (most of a frame: large one-colour areas). Those flags are tested 8 tiles
-    at a time first: few tiles of a row need computing, and testing the rest one by one cost more than computing
-    them. The output width must be a multiple of 8 (96 here).
+    above's, the value is the row above's (most of a frame: large one-colour areas). Those flags, same[j + 8] (same[7]
+    for "tile -1" is 1), are read 8 at a time first as uint64 words: a block whose 8 flags and predecessor's are all 1
+    is skipped at once (testing tiles one by one cost more than computing the few that change). Width: 8k (96 here).
     """
     _, colour, pool, _, _, t_start, t_end = cv
     n_rows, n_out = colour.shape[0], out.shape[1] // 3
     up = -1 if flip else 1
     if n_out % 8:
         raise ValueError("shrink_rows: the output width must be a multiple of 8")
-    # same[j + 8]: tile j uniform and equal to the row above's (1) or not (0); same[7], "tile -1", is 1. Read 8 at a
-    # time as the uint64 words[w] (tiles 8w..8w+7): a block whose 8 flags and predecessor's are all 1 is skipped at
-    # once, the rest tile by tile.
     same = np.zeros(n_out + 8, np.uint8)
     same[7] = 1
-    words = same[8:].view(np.uint64)
-    every = np.uint64(0x0101010101010101)
+    words, every = same[8:].view(np.uint64), np.uint64(0x0101010101010101)  # words[w]: tiles 8w..8w+7
     for r in range(n_rows):
         o = n_rows - 1 - r if flip else r  # output row; o - up holds the canvas row above
         if r > 0:

@@ -444,6 +444,9 @@ def test_raster_shrinks_match_smoothscale(backend):
         world = np.zeros((canvas.shape[0], 96 * 3), np.uint8)
         fr.shrink.shrink_rows(tiles.canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, world)
         assert np.array_equal(world[::-1].reshape(-1, 96, 3), ref.transpose(1, 0, 2))
+        with pytest.raises(ValueError, match="multiple of 8"):  # it reads its flags 8 tiles at a time
+            fr.shrink.shrink_rows(tiles.canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate,
+                                  world[:, : 95 * 3])  # fmt: skip
         plain = np.zeros_like(world)
         fr.shrink.shrink_pixels(
             canvas.astype(np.uint32), tiles.t_start, tiles.t_end, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift,
