@@ -50,6 +50,8 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     assert results["rows"]["eval_k1"]["steps"] == 6 and results["rows"]["eval2"]["steps"] == 12
     assert results["best_envs"] in (1, 2) and results["rows"]["eval2"]["detail"]["envs"] == results["best_envs"]
     assert set(results["ratios"]) >= set(closedloop.TARGETS) and set(results["met"]) == set(closedloop.TARGETS)
+    assert set(results["verdicts"]) == set(closedloop.TARGETS)
+    assert all(results["verdicts"][k] == "" for k in ("renderer_over_envpool", "renderer_over_envpool_driving"))
     assert set(results["ratio_round_ranges"]) <= set(results["ratios"])  # each a [min, max] or None
     no_envpool = ("renderer_over_envpool", "renderer_over_envpool_driving", "state_over_envpool_driving")
     assert all(results["ratios"][k] is None and results["met"].get(k) is None for k in no_envpool)
@@ -132,3 +134,13 @@ def test_round_ranges_bracket_each_ratio_and_pair_env_rows_by_round():
     for key, span in ranges.items():
         if span is not None:
             assert span[0] <= ratios[key] + 1e-12 and ratios[key] <= span[1] + 1e-12, key
+
+
+def test_a_verdict_is_within_noise_only_where_the_rounds_straddle_the_target():
+    """All rounds at or above the target: met; all below: MISSED; some of each: the run does not decide it."""
+    assert closedloop.verdict(1.02, 1.0, [1.0, 1.05]) == "met"
+    assert closedloop.verdict(0.95, 1.0, [0.9, 0.99]) == "MISSED"
+    assert closedloop.verdict(1.01, 1.0, [0.93, 1.06]) == "met, within noise"
+    assert closedloop.verdict(0.96, 1.0, [0.88, 1.03]) == "MISSED, within noise"
+    assert closedloop.verdict(1.8, 1.7, None) == "met"  # a wall-clock ratio has no rounds
+    assert closedloop.verdict(None, 1.0, None) == "" and closedloop.verdict(5.0, None, [4.0, 6.0]) == ""
