@@ -54,7 +54,7 @@ def shrink_rows(cv, xc, xfrac, recip, shift, saturate, out, flip=True):
     Output j depends only on tile j and the split pixel of tile j-1; where both are uniform and equal to the row
     above's, the value is the row above's (most of a frame: large one-colour areas). Those flags, same[j + 8] (same[7]
     for "tile -1" is 1), are read 8 at a time first as uint64 words: a block whose 8 flags and predecessor's are all 1
-    is skipped at once (testing tiles one by one cost more than computing the few that change). Width: 8k (96 here).
+    is skipped at once, the rest tested tile by tile (most blocks of a row are unchanged). Width: 8k (96 here).
     """
     _, colour, pool, _, _, t_start, t_end = cv
     n_rows, n_out = colour.shape[0], out.shape[1] // 3
