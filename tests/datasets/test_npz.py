@@ -24,6 +24,8 @@ def _arrays() -> dict[str, np.ndarray]:
         "empty": np.zeros((0, 3), np.float64),
         "scalar": np.array(5, np.int64),
         "strided": np.arange(24, dtype=np.int16).reshape(4, 6)[:, ::2],  # not contiguous
+        "stack": rng.integers(0, 4, (12, 84, 84), dtype=np.uint8),  # past _STREAM: fed from the array's memory
+        "fortran": np.asfortranarray(rng.normal(size=(300, 40))),  # past _STREAM, not C-contiguous: one buffer
     }
 
 
@@ -45,6 +47,17 @@ def test_zipfile_checks_every_crc_and_sees_deflate_members() -> None:
     assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
     frames = infos[0]
     assert frames.compress_size < frames.file_size / 2  # compressed, not stored
+
+
+def test_a_streamed_member_is_what_write_array_gives() -> None:
+    """A member fed as header + the array's memory inflates to exactly the .npy `np.lib.format.write_array` writes."""
+    arrays = _arrays()
+    assert arrays["stack"].nbytes >= npz._STREAM and arrays["fortran"].nbytes >= npz._STREAM
+    with zipfile.ZipFile(io.BytesIO(npz_bytes(arrays))) as archive:
+        for key in ("stack", "fortran", "frames"):
+            expected = io.BytesIO()
+            np.lib.format.write_array(expected, arrays[key], allow_pickle=False)
+            assert archive.read(f"{key}.npy") == expected.getvalue(), key
 
 
 def test_same_arrays_same_bytes_and_a_flipped_byte_is_caught() -> None:
