@@ -125,15 +125,29 @@ class ObservationCoder:
         return cls(fingerprint_coding(fingerprint), str(fingerprint.get("input", "frames")), k)
 
     def reset(self) -> None:
-        self._stack: np.ndarray | None = None
+        self._window: list[np.ndarray] | None = None  # the last k coded frames, oldest first
         self.last_frame: np.ndarray | None = None
 
     def __call__(self, rgb96: np.ndarray) -> torch.Tensor:
         """One raw (96, 96, 3) frame -> the controller input (1, k, 84, 84) uint8."""
+        stack = np.empty((1, self.k, FRAME_SIZE, FRAME_SIZE), np.uint8)
+        self.push_into(rgb96, stack[0])
+        return self.transform(torch.from_numpy(stack))  # (1, k, 84, 84)
+
+    def push_into(self, rgb96: np.ndarray, out: np.ndarray) -> None:
+        """One raw (96, 96, 3) frame into the window, its k coded frames (oldest first) copied into `out` (k, 84, 84)
+        uint8, before the input transform: what many cars' one controller call stacks (drive/loop/lanes.py), one
+        slot per car, then transforms at once (`transform`: element by element, so the same as per car)."""
         frame = self._code(rgb96)  # (84, 84)
-        if self._stack is None:
-            self._stack = np.repeat(frame[None], self.k, axis=0)  # (k, 84, 84)
+        if self._window is None:
+            self._window = [frame] * self.k
         else:
-            self._stack = np.concatenate([self._stack[1:], frame[None]])
+            self._window.pop(0)
+            self._window.append(frame)
         self.last_frame = frame
-        return self._transform(torch.as_tensor(self._stack)[None])  # (1, k, 84, 84)
+        for slot, coded in zip(out, self._window, strict=True):
+            slot[...] = coded
+
+    def transform(self, stacks: torch.Tensor) -> torch.Tensor:
+        """(..., k, 84, 84) uint8 stacks -> the controller input: the `input` representation."""
+        return self._transform(stacks)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from agents.lanes import MIN_ROWS, LaneGenerators
+from datasets.frames import FRAME_SIZE
 from drive.devices import to_device, to_host
 from drive.loop.rollout import Internals, StepPrediction
 
@@ -75,14 +76,20 @@ def predict_lanes(lanes: Sequence[Any], frames: Sequence[np.ndarray]
     prediction is the same whichever lanes share the call: one car and sixteen drive the same episode.
     """
     model, n_samples = lanes[0].model, lanes[0].n_samples
-    if any(p.model is not model or p.n_samples != n_samples for p in lanes):
-        raise ValueError("predict_lanes: every lane must share one model and sample count")
+    coder = lanes[0].coder
+    form = (coder.coding, coder.input, coder.k)
+    if any(p.model is not model or p.n_samples != n_samples or (p.coder.coding, p.coder.input, p.coder.k) != form
+           for p in lanes):  # fmt: skip
+        raise ValueError("predict_lanes: every lane must share one model, sample count and frame coding")
     if not getattr(model, "lane_sampling", False) and len(lanes) > 1:
         return [out for p, f in zip(lanes, frames, strict=True) for out in predict_lanes([p], [f])]
     t0 = time.perf_counter()
     device = lanes[0].device
-    x = to_device(torch.cat([p.coder(f) for p, f in zip(lanes, frames, strict=True)]), device)  # (K, k, 84, 84)
     k = len(lanes)
+    stacks = np.empty((k, coder.k, FRAME_SIZE, FRAME_SIZE), np.uint8)  # (K, k, 84, 84)
+    for p, f, slot in zip(lanes, frames, stacks, strict=True):
+        p.coder.push_into(f, slot)
+    x = to_device(coder.transform(torch.from_numpy(stacks)), device)  # (K, k, 84, 84)
     generator: torch.Generator = lanes[0].generator
     if getattr(model, "lane_sampling", False):
         pad = max(0, MIN_ROWS - k)

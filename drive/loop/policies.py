@@ -89,12 +89,14 @@ class NoisyPolicy:
 
     def wrap(self, out: np.ndarray | PolicyOutput) -> PolicyOutput:
         """The inner policy's step -> this one's (noise added to the executed action)."""
-        inner = out if isinstance(out, PolicyOutput) else PolicyOutput(np.asarray(out, np.float32))
-        clean = clip_action(np.asarray(inner.action, np.float32), self.low, self.high)
+        clean = clip_action(np.asarray(out.action if isinstance(out, PolicyOutput) else out, np.float32), self.low,
+                            self.high)  # fmt: skip
         noise = self.std * self._rng.standard_normal(clean.shape).astype(np.float32) if self.std else 0.0
         executed = clip_action(clean + noise, self.low, self.high)
-        return PolicyOutput(executed, clean, inner.source, inner.prediction, inner.internals, inner.expert,
-                            inner.latency_ms, inner.gate, inner.frame)  # fmt: skip
+        if not isinstance(out, PolicyOutput):  # an expert's bare action (collect's every step): nothing else to keep
+            return PolicyOutput(executed, clean)
+        return PolicyOutput(executed, clean, out.source, out.prediction, out.internals, out.expert, out.latency_ms,
+                            out.gate, out.frame)  # fmt: skip
 
 
 class ControllerPolicy:

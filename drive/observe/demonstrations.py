@@ -48,7 +48,7 @@ class EpisodeRecorder:
     def arrays(self) -> dict[str, np.ndarray]:
         s = self.steps
         out: dict[str, np.ndarray] = {
-            "frames": np.stack(self.frames).astype(np.uint8),  # (T + k - 1, 84, 84)
+            "frames": np.stack(self.frames).astype(np.uint8, copy=False),  # (T + k - 1, 84, 84)
             "label": np.asarray(s["label"], np.float32),  # (T, 3)
             "action": np.asarray(s["action"], np.float32),  # (T, 3)
             "state": np.asarray(s["state"], np.float32),  # (T, S)
