@@ -68,6 +68,12 @@ def lane_noise(
         return out.normal_(generator=generator) if kind == "normal" else out.uniform_(generator=generator)
     if shape[lane_axis] != len(generator):
         raise ValueError(f"lane axis {lane_axis} of {tuple(shape)} must hold the {len(generator)} lanes")
+    if all(n == 1 for n in shape[:lane_axis]):  # each lane's slice is one contiguous block: drawn there, in place
+        out = torch.empty(tuple(shape), dtype=dtype, device=device)
+        for b, g in enumerate(generator.generators):  # a contiguous block draws what a fresh tensor of its shape does
+            lane = out.narrow(lane_axis, b, 1)
+            lane.normal_(generator=g) if kind == "normal" else lane.uniform_(generator=g)
+        return out
     one = list(shape)
     one[lane_axis] = 1
     parts = [lane_noise(one, g, lane_axis, kind, dtype, device) for g in generator.generators]

@@ -43,6 +43,21 @@ def test_each_lane_draws_what_its_generator_draws_alone(axis):
         lane_noise([2, 2], lanes, 0)
 
 
+@pytest.mark.parametrize(("shape", "axis"), [([3, 5], 0), ([3, 37], 0), ([3, 4, 32, 4, 4], 0), ([1, 3, 37], 1)])
+def test_lanes_drawn_in_place_equal_their_draws_alone(shape, axis):
+    """Where each lane's slice is one contiguous block it is drawn in place: under 16 values, 16 and over with a
+    ragged tail (CPU draws 16 at a time), NSAC's (B, H, S, K, n) shape, a lane axis after a size-1 axis."""
+    seeds = (3, 4, 5)
+    for kind in ("normal", "uniform"):
+        got = lane_noise(shape, LaneGenerators([torch.Generator().manual_seed(s) for s in seeds]), axis, kind)
+        for b, s in enumerate(seeds):
+            one = list(shape)
+            one[axis] = 1
+            alone, g = torch.empty(one), torch.Generator().manual_seed(s)
+            alone = alone.normal_(generator=g) if kind == "normal" else alone.uniform_(generator=g)
+            assert torch.equal(got.narrow(axis, b, 1), alone), (kind, b)
+
+
 def _controller(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     encoder = EncoderConfig(kind="frames", n_tokens=4, d_model=16)
