@@ -177,11 +177,12 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
 # more steps per CPU-s than 32; `drive eval --envs 128` no more than 64, for 1.77 GB resident against 1.22:
 # docs/scale.md has both commands)
 AUTO_ENVS = 64
-# `drive collect --envs 0`: up to 4 cars per process. The PPO expert acts on the 50-d state in ~10 us, so lanes have
-# little to amortise: K = 4 and K = 1 cost the same CPU within noise (`time drive collect --out D --seeds 5000-5003
-# --envs K`, docs/scale.md); few cars per task, little to record again after a kill (a task's episodes enter the
-# manifest when its last one ends). Collect's default stays 1: a kill loses no finished episode
-AUTO_COLLECT_ENVS = 4
+# `drive collect --envs 0`: one car per process. The PPO expert acts on the 50-d state in ~10 us, so lanes have
+# little to amortise, and stepping K envs in turn costs more than that: each env's track, physics and geometry
+# evict the others' from the caches. In one process, the laps of seeds 5000-5003 collected with K = 4 and K = 1
+# in alternating rounds, 4 rounds, twice: 930 / 901 and 991 / 932 us per step (replaying the same actions on one env
+# alone: 767-769); docs/scale.md. A kill then loses no finished episode either
+AUTO_COLLECT_ENVS = 1
 
 
 def cars_per_process(envs: int, seeds: int, workers: int, most: int = AUTO_ENVS) -> int:

@@ -64,8 +64,8 @@ class CollectOptions:
     """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
     envs: NonNegativeInt = 1
     """cars driven at once in each process (lanes), one expert call per step for all; a record does not depend on it
-    (drive/loop/rollout.py). 0: min(4, seeds per worker), ~3 % less CPU (docs/scale.md). With K > 1 a task's
-    episodes enter the manifest together, so a kill may record up to K finished episodes again"""
+    (drive/loop/rollout.py). 0: 1, the least CPU per step measured (drive/loop/lanes.py AUTO_COLLECT_ENVS). With
+    K > 1 a task's episodes enter the manifest together, so a kill may record up to K finished episodes again"""
     progress: bool = True
     """show a progress bar with frames/s"""
 

@@ -8,8 +8,9 @@ Rows: gymnasium's stock CarRacing-v3 (pygame renderer), our pixel env (`make_car
 CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so it may live in another venv, and
 skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
 expert's laps replayed open loop (drive/studies/closedloop_envs.py says why both), in `--rounds` rounds that
-alternate their order; then `drive collect --envs 0` with 1 and 2 workers and `drive eval` of a trained controller with
-K = 1, 4, 16, 32, 64 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as
+alternate their order; then `drive collect --envs 0` (one car per process) on 1 worker, in `--rounds` rounds
+alternating with `--envs 4` (`--collect-envs`), and on 2 workers; `drive eval` of a trained controller with K = 1, 4,
+16, 32, 64 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as
 start-up, one step of each env and a 3-step collect and eval: what a process pays once (imports, numba's kernels,
 pygame's font, checkpoints), which short timed rows would otherwise charge to their steps (EnvPool's subprocess likewise
 times its step loop only). Collect and eval rates then count the whole run (pool workers' start-up, policy
@@ -69,6 +70,9 @@ class Config:
     """policy the eval runs drive"""
     samples: PositiveInt = 32
     """eval: stochastic samples per step"""
+    collect_envs: tuple[int, ...] = (4,)
+    """other cars per process (K) of the 1-worker collect runs, in the same rounds as `--envs 0`'s (one car): what
+    stepping K envs in turn costs against batching their expert calls (drive/loop/lanes.py AUTO_COLLECT_ENVS)"""
     envs: tuple[int, ...] = (1, 4, 16, 32, 64)
     """eval: cars per process (K) of the 1-worker runs; the best per core runs again on 2 workers"""
     eval_episodes: PositiveInt = 64
@@ -86,25 +90,44 @@ class Config:
     import there"""
 
 
-def collect_row(cfg: Config, workers: int) -> Row:
+def collect_run(cfg: Config, workers: int, envs: int = 0) -> tuple[int, float, float]:
+    """Steps, wall and CPU seconds of one `drive collect --envs ENVS` run (0: drive/loop/lanes.py AUTO_COLLECT_ENVS)."""
     from drive.loop.collect import collect
     from drive.observe.demonstrations import recorder_for
 
     with tempfile.TemporaryDirectory(prefix="bench_closedloop_") as tmp:
-        # --envs 0: min(4, episodes per worker) cars per process, one expert call per step for them
-        options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes, envs=0,
+        options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes, envs=envs,
                                  seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}", workers=workers,
                                  max_episode_steps=cfg.max_episode_steps, progress=False)  # fmt: skip
-        steps, wall, cpu = timed(lambda: collect(options, recorder_for).frames)
-    return Row(f"collect {cfg.expert}, {workers} worker{'s' * (workers > 1)}", steps, wall, cpu,
-               detail={"episodes": cfg.episodes, "workers": workers})  # fmt: skip
+        return timed(lambda: collect(options, recorder_for).frames)
+
+
+def collect_rows(cfg: Config) -> dict[str, Row]:
+    """The 1-worker collect runs, `--envs 0` (collect1) and each K of `collect_envs` (collect1_kK), in `--rounds`
+    rounds of alternating order, summed, each round's rate kept: a run is a few CPU-seconds, which one disturbance
+    of a shared machine would decide alone."""
+    plan = {"collect1": 0, **{f"collect1_k{k}": k for k in cfg.collect_envs}}
+    runs: dict[str, list[tuple[int, float, float]]] = {key: [] for key in plan}
+    for r in range(cfg.rounds):
+        for key in list(plan)[:: 1 if r % 2 == 0 else -1]:
+            runs[key].append(collect_run(cfg, 1, plan[key]))
+    return {key: Row(f"collect {cfg.expert}, 1 worker" + (f", {plan[key]} cars" if plan[key] else ""),
+                     sum(n for n, _, _ in done), sum(w for _, w, _ in done), sum(c for _, _, c in done),
+                     detail={"episodes": cfg.episodes, "workers": 1, "envs": plan[key],
+                             "per_round_steps_per_cpu_s": [n / c for n, _, c in done]})
+            for key, done in runs.items()}  # fmt: skip
+
+
+def collect2_row(cfg: Config) -> Row:
+    steps, wall, cpu = collect_run(cfg, 2)
+    return Row(f"collect {cfg.expert}, 2 workers", steps, wall, cpu, detail={"episodes": cfg.episodes, "workers": 2})
 
 
 def warm_up_loops(cfg: Config) -> float:
     """CPU seconds of a 3-step collect and eval in this process: the imports, checkpoints and first calls a process
     pays once, which would otherwise land in the first timed collect and eval rows."""
     tiny = dataclasses.replace(cfg, episodes=1, max_episode_steps=3, eval_episodes=1, eval_max_episode_steps=3)
-    return collect_row(tiny, 1).cpu_s + eval_row(tiny, 1, 1).cpu_s
+    return collect_run(tiny, 1)[2] + eval_row(tiny, 1, 1).cpu_s
 
 
 def eval_row(cfg: Config, k: int, workers: int) -> Row:
@@ -153,6 +176,7 @@ def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | No
     per_cpu = {key: _rate(rows, key) for key in rows}
     wall = {key: _rate(rows, key, "steps_per_s") for key in rows}
     best_key = f"eval_k{best}" if best is not None else ""
+    collect_ks = [key for key in rows if key.startswith("collect1_k")]  # collect1 with other K (`collect_envs`)
     return {
         "renderer_over_envpool": _over(per_cpu["renderer"], per_cpu["envpool"]),
         "renderer_over_stock": _over(per_cpu["renderer"], per_cpu["stock"]),
@@ -164,6 +188,7 @@ def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | No
         # the floor: our physics, reward and state without a frame, against EnvPool's whole step
         "state_over_envpool_driving": _over(per_cpu["state_driving"], per_cpu["envpool_driving"]),
         "collect1_over_renderer_driving": _over(per_cpu["collect1"], per_cpu["renderer_driving"]),
+        **{f"{key}_over_collect1": _over(per_cpu[key], per_cpu["collect1"]) for key in collect_ks},
         "eval_best_over_renderer_driving": _over(per_cpu.get(best_key), per_cpu["renderer_driving"]),
         # parallel efficiency: 1.0 when the second worker costs no extra CPU per step (start-up, contention)
         "collect2_over_collect1_per_cpu": _over(per_cpu["collect2"], per_cpu["collect1"]),
@@ -172,17 +197,19 @@ def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | No
 
 
 def round_ranges(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, list[float] | None]:
-    """[min, max] over the rounds of each per-core ratio that has rounds: two env rows paired round by round (each
-    round runs every env back to back), a collect or eval row (run once) against each round of its env row. The
-    ratio of the sums lies in between; a range that straddles a target says this machine's drift, not the code,
-    decided that verdict. None where neither row has rounds or one is missing."""
+    """[min, max] over the rounds of each per-core ratio that has rounds: two rows with rounds paired round by round
+    (each round runs every env back to back, and the 1-worker collect rows likewise), an eval row (run once)
+    against each round of its env row. The ratio of the sums lies in between; a range that straddles a target says
+    this machine's drift, not the code, decided that verdict. None where neither row has rounds or one is
+    missing."""
     best = f"eval_k{best_eval(rows, ks)}"
     pairs = {"renderer_over_envpool": ("renderer", "envpool"), "renderer_over_stock": ("renderer", "stock"),
              "collect1_over_renderer": ("collect1", "renderer"), "eval_best_over_renderer": (best, "renderer"),
              "renderer_over_envpool_driving": ("renderer_driving", "envpool_driving"),
              "state_over_envpool_driving": ("state_driving", "envpool_driving"),
              "collect1_over_renderer_driving": ("collect1", "renderer_driving"),
-             "eval_best_over_renderer_driving": (best, "renderer_driving")}  # fmt: skip
+             "eval_best_over_renderer_driving": (best, "renderer_driving"),
+             **{f"{key}_over_collect1": (key, "collect1") for key in rows if key.startswith("collect1_k")}}  # fmt: skip
 
     def rounds(key: str) -> list[float] | None:
         row = rows.get(key)
@@ -259,17 +286,18 @@ def run(cfg: Config) -> int:
                   f"{start_up['loops_cpu_s']:.1f} CPU-s (collect and eval: imports, checkpoints)")  # fmt: skip
     rows: dict[str, Row] = dict(measure_envs(cfg, console))
     # each ratio's two rows run back to back: on a shared machine even CPU time per step drifts (2x in minutes, seen)
-    plan: list[tuple[str, Callable[[], Row]]] = [
-        ("collect1", lambda: collect_row(cfg, 1)),
-        ("collect2", lambda: collect_row(cfg, 2)),
-        *[(f"eval_k{k}", lambda k=k: eval_row(cfg, k, 1)) for k in cfg.envs],  # type: ignore[misc]
+    plan: list[tuple[str, Callable[[], dict[str, Row]]]] = [
+        ("collect1", lambda: collect_rows(cfg)),
+        ("collect2", lambda: {"collect2": collect2_row(cfg)}),
+        *[(f"eval_k{k}", lambda k=k: {f"eval_k{k}": eval_row(cfg, k, 1)}) for k in cfg.envs],  # type: ignore[misc]
     ]
     for key, measure in plan:
         with console.status(f"measuring {key} ..."):
-            rows[key] = measure()
-        row = rows[key]
-        console.print(f"{row.label}: " + (row.skipped or f"{row.steps_per_cpu_s:.0f} steps per CPU-s, "
-                                                          f"{row.steps_per_s:.0f} steps/s"))  # fmt: skip
+            measured = measure()
+        rows.update(measured)
+        for row in measured.values():
+            console.print(f"{row.label}: " + (row.skipped or f"{row.steps_per_cpu_s:.0f} steps per CPU-s, "
+                                                              f"{row.steps_per_s:.0f} steps/s"))  # fmt: skip
     best = best_eval(rows, cfg.envs)
     if best is None:
         rows["eval2"] = Row("eval, best K, 2 workers", skipped="not available: no eval row was measured")

@@ -14,7 +14,7 @@ from drive.commands.bench import closedloop
 from drive.studies import closedloop_envs
 
 ROWS = ("stock", "renderer", "envpool", "stock_driving", "renderer_driving", "envpool_driving", "state_driving",
-        "collect1", "collect2", "eval_k1", "eval_k2", "eval2")  # fmt: skip
+        "collect1", "collect1_k4", "collect2", "eval_k1", "eval_k2", "eval2")  # fmt: skip
 
 
 def _stand_in(tmp_path, source: str) -> str:
@@ -46,7 +46,10 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     driving = results["rows"]["renderer_driving"]["steps"]  # the expert's 8 steps (fewer if it leaves the field)
     assert results["rows"]["stock_driving"]["steps"] == results["rows"]["state_driving"]["steps"] == driving
     assert 0 < driving <= 16
-    assert results["rows"]["collect1"]["steps"] == results["rows"]["collect2"]["steps"] == 12  # 2 episodes of 6
+    assert results["rows"]["collect2"]["steps"] == 12  # 2 episodes of 6; the 1-worker rows in 2 rounds of them:
+    assert results["rows"]["collect1"]["steps"] == results["rows"]["collect1_k4"]["steps"] == 24
+    assert len(results["rows"]["collect1"]["detail"]["per_round_steps_per_cpu_s"]) == 2
+    assert results["rows"]["collect1_k4"]["detail"]["envs"] == 4 and results["ratios"]["collect1_k4_over_collect1"]
     assert results["rows"]["eval_k1"]["steps"] == 6 and results["rows"]["eval2"]["steps"] == 12
     assert results["best_envs"] in (1, 2) and results["rows"]["eval2"]["detail"]["envs"] == results["best_envs"]
     assert set(results["ratios"]) >= set(closedloop.TARGETS) and set(results["met"]) == set(closedloop.TARGETS)
