@@ -132,6 +132,8 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
     """Each lane's step, what each lane's `act` would return alone. Lanes whose policy is (or wraps, through
     `lane_inner`) a `ControllerPolicy` of one shared model go through one `predict_lanes` call, their shadow experts
     through one `expert_lanes` call; lanes driven by an expert (`ExpertPolicy`) through one `expert_lanes` call."""
+    if len(policies) == 1:  # one lane: its own `act` is the definition, and nothing is left to batch
+        return [policies[0].act(obs[0], infos[0])]
     chains = []
     for policy in policies:
         chain = [policy]
