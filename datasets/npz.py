@@ -2,7 +2,7 @@
 
 An .npz is a zip file of .npy members. `zipfile` compresses with the zlib it was built against, where compressing
 a demonstration shard's arrays at level 2 (the cheapest level that kept shards small) took 75-92 us per recorded
-step; this module builds the whole archive in ~24 us, 1.6 % larger (the commands and figures are in docs/scale.md).
+step; this module builds the whole archive in ~15 us, 1.6 % larger (the commands and figures are in docs/scale.md).
 `zipfile` has no way to take another compressor, so this module lays out the zip itself: per member a local header,
 the raw deflate stream and, at the end, the central directory (PKWARE's APPNOTE.TXT, the fields `zipfile` reads:
 version 2.0, method 8, the CRC-32 and sizes in the local header, no data descriptor). Members past zip's 32-bit

@@ -180,10 +180,9 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
 # docs/scale.md has both commands)
 AUTO_ENVS = 64
 # `drive collect --envs 0`: one car per process. The PPO expert acts on the 50-d state in ~10 us, so lanes have
-# little to amortise, and stepping K envs in turn costs more than that: each env's track, physics and geometry
-# evict the others' from the caches. In one process, the laps of seeds 5000-5003 collected with K = 4 and K = 1
-# in alternating rounds, 4 rounds, twice: 930 / 901 and 991 / 932 us per step (replaying the same actions on one env
-# alone: 767-769); docs/scale.md. A kill then loses no finished episode either
+# little to amortise, and stepping K envs in turn costs about as much again (each env's track, physics and geometry
+# presumably evict the others' from the caches). `drive bench closedloop` times both (`--collect-envs 4`): 4 cars
+# / 1 car 1.00x in two runs (docs/scale.md). One car per task also records nothing again after a kill
 AUTO_COLLECT_ENVS = 1
 
 
