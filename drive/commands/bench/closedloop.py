@@ -30,11 +30,9 @@ which then reads "met, within noise" or "MISSED, within noise" (`verdict`; also 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +41,10 @@ from typing import Any
 from datasets.files import atomic_write
 from datasets.root import portable
 from drive.errors import UserError
-from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
+from drive.loop.options import SHIPPED_CONTROLLER
 from drive.options import NonNegativeInt, PositiveInt
-from drive.studies.closedloop_envs import Row, measure_envs, timed, warm_up
+from drive.studies.closedloop_envs import Row, measure_envs, warm_up
+from drive.studies.closedloop_loops import collect2_row, collect_rows, eval_row, warm_up_loops
 
 TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_best_over_renderer": 0.8,
            "collect2_over_collect1": 1.7, "renderer_over_envpool_driving": 1.0,
@@ -88,58 +87,6 @@ class Config:
     envpool_python: str | None = None
     """python that runs the EnvPool row (default: this one); its row is skipped with a note where envpool does not
     import there"""
-
-
-def collect_run(cfg: Config, workers: int, envs: int = 0) -> tuple[int, float, float]:
-    """Steps, wall and CPU seconds of one `drive collect --envs ENVS` run (0: drive/loop/lanes.py AUTO_COLLECT_ENVS)."""
-    from drive.loop.collect import collect
-    from drive.observe.demonstrations import recorder_for
-
-    with tempfile.TemporaryDirectory(prefix="bench_closedloop_") as tmp:
-        options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes, envs=envs,
-                                 seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}", workers=workers,
-                                 max_episode_steps=cfg.max_episode_steps, progress=False)  # fmt: skip
-        return timed(lambda: collect(options, recorder_for).frames)
-
-
-def collect_rows(cfg: Config) -> dict[str, Row]:
-    """The 1-worker collect runs, `--envs 0` (collect1) and each K of `collect_envs` (collect1_kK), in `--rounds`
-    rounds of alternating order, summed, each round's rate kept: a run is a few CPU-seconds, which one disturbance
-    of a shared machine would decide alone."""
-    plan = {"collect1": 0, **{f"collect1_k{k}": k for k in cfg.collect_envs}}
-    runs: dict[str, list[tuple[int, float, float]]] = {key: [] for key in plan}
-    for r in range(cfg.rounds):
-        for key in list(plan)[:: 1 if r % 2 == 0 else -1]:
-            runs[key].append(collect_run(cfg, 1, plan[key]))
-    return {key: Row(f"collect {cfg.expert}, 1 worker" + (f", {plan[key]} cars" if plan[key] else ""),
-                     sum(n for n, _, _ in done), sum(w for _, w, _ in done), sum(c for _, _, c in done),
-                     detail={"episodes": cfg.episodes, "workers": 1, "envs": plan[key],
-                             "per_round_steps_per_cpu_s": [n / c for n, _, c in done]})
-            for key, done in runs.items()}  # fmt: skip
-
-
-def collect2_row(cfg: Config) -> Row:
-    steps, wall, cpu = collect_run(cfg, 2)
-    return Row(f"collect {cfg.expert}, 2 workers", steps, wall, cpu, detail={"episodes": cfg.episodes, "workers": 2})
-
-
-def warm_up_loops(cfg: Config) -> float:
-    """CPU seconds of a 3-step collect and eval in this process: the imports, checkpoints and first calls a process
-    pays once, which would otherwise land in the first timed collect and eval rows."""
-    tiny = dataclasses.replace(cfg, episodes=1, max_episode_steps=3, eval_episodes=1, eval_max_episode_steps=3)
-    return collect_run(tiny, 1)[2] + eval_row(tiny, 1, 1).cpu_s
-
-
-def eval_row(cfg: Config, k: int, workers: int) -> Row:
-    from drive.loop.evaluate import evaluate
-
-    label = f"eval S={cfg.samples}, K={k} cars, {workers} worker{'s' * (workers > 1)}"
-    n = cfg.eval_episodes * workers
-    options = EvalOptions(policy=cfg.policy, seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}", workers=workers,  # type: ignore[call-arg]
-                          samples=cfg.samples, max_episode_steps=cfg.eval_max_episode_steps, progress=False,
-                          envs=k, failure_horizon=0)  # fmt: skip
-    steps, wall, cpu = timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
-    return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers})
 
 
 def controller_calls(cfg: Config, k: int | None, console: Any) -> dict[str, float] | str:
@@ -273,6 +220,8 @@ def run(cfg: Config) -> int:
         raise UserError(f"--episodes must be even (two workers share them equally), got {cfg.episodes}")
     if not cfg.envs or min(cfg.envs) < 1:
         raise UserError(f"--envs: cars per process, each >= 1, got {cfg.envs}")
+    if cfg.collect_envs and min(cfg.collect_envs) < 1:
+        raise UserError(f"--collect-envs: cars per process, each >= 1, got {cfg.collect_envs}")
     if cfg.eval_episodes < max(cfg.envs):
         raise UserError(f"--eval-episodes {cfg.eval_episodes} is below --envs {max(cfg.envs)}: a row of K cars "
                         f"would drive only as many cars as it has episodes")  # fmt: skip

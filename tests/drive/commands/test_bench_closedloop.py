@@ -114,6 +114,13 @@ def test_fewer_eval_episodes_than_cars_is_refused_in_one_line(capsys):
     assert err.startswith("drive bench closedloop: error: --eval-episodes 4 is below --envs 8") and "\n" not in err
 
 
+def test_a_collect_row_of_zero_cars_is_refused_in_one_line(capsys):
+    """`--collect-envs 0` would time `--envs 0` again under another label."""
+    assert main(["bench", "closedloop", "--collect-envs", "4", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("drive bench closedloop: error: --collect-envs: cars per process") and "\n" not in err
+
+
 def test_round_ranges_bracket_each_ratio_and_pair_env_rows_by_round():
     """Env rows pair round by round, a collect or eval row meets each round of its env row; the ratio of the sums
     lies in the range; a skipped row gives no range."""
