@@ -84,6 +84,9 @@ class Config:
     controller_calls: NonNegativeInt = 30
     """controller calls of the best K timed each way: back to back, after frame-less and after pixel env steps
     (0: not measured)"""
+    stages: bool = True
+    """then run collect and eval (best K) once more with timers around their stages: where a step goes
+    (drive/studies/loop_stages.py)"""
     envpool_python: str | None = None
     """python that runs the EnvPool row (default: this one); its row is skipped with a note where envpool does not
     import there"""
@@ -256,6 +259,13 @@ def run(cfg: Config) -> int:
     ratios, ranges = ratios_of(rows, cfg.envs), round_ranges(rows, cfg.envs)
     print_tables(console, rows, ratios, ranges)
     calls = controller_calls(cfg, best, console)
+    stages = None
+    if cfg.stages and best is not None:
+        from drive.studies.loop_stages import loop_stages, print_stages
+
+        with console.status("timing collect's and eval's steps stage by stage ..."):
+            stages = loop_stages(cfg, best)
+        print_stages(console, stages, best)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
@@ -263,6 +273,7 @@ def run(cfg: Config) -> int:
                "ratio_round_ranges": ranges, "targets": TARGETS,
                "verdicts": {key: verdict(ratios[key], target, ranges.get(key)) for key, target in TARGETS.items()},
                "best_envs": best, "met": met, "start_up": start_up, "controller_call_cpu_ms": calls,
+               "loop_stages": stages,
                "config": portable({k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}),
                "machine": machine}  # fmt: skip
     if cfg.out is not None:

@@ -115,45 +115,24 @@ STAGES = (
 
 def breakdown(n_steps: int, seed: int) -> list[tuple[int, str, float]]:
     """Mean wall microseconds per env step of each stage in `STAGES` while the PPO expert drives."""
-    import importlib
-
     from drive.loop.specs import load_expert
+    from drive.studies.stage_timers import stage_timers
     from sim_bridges.carracing import make_carracing
 
-    spent = [0] * len(STAGES)
-    patched = []
-
-    def timer(i: int, fn):
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter_ns()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[i] += time.perf_counter_ns() - t0
-
-        return timed
-
-    for i, (_, _, module, attr) in enumerate(STAGES):
-        owner = importlib.import_module(module)
-        *path, name = attr.split(".")
-        for part in path:
-            owner = getattr(owner, part)
-        patched.append((owner, name, owner.__dict__[name]))
-        setattr(owner, name, timer(i, owner.__dict__[name]))
-    expert, env = load_expert("ppo"), make_carracing()
-    try:
-        _, info = env.reset(seed=seed)  # compiles or loads the kernels: not counted
-        spent[:] = [0] * len(STAGES)
-        steps = 0
-        while steps < n_steps:
-            _, _, terminated, truncated, info = env.step(expert.act(info["state"]))
-            steps += 1
-            if terminated or truncated:
-                _, info = env.reset(seed=seed + steps)
-    finally:
-        env.close()
-        for owner, name, fn in patched:
-            setattr(owner, name, fn)
+    expert = load_expert("ppo")
+    with stage_timers(STAGES) as spent:  # before the env is made: it keeps a reference to the frame function
+        env = make_carracing()
+        try:
+            _, info = env.reset(seed=seed)  # compiles or loads the kernels: not counted
+            spent[:] = [0] * len(STAGES)
+            steps = 0
+            while steps < n_steps:
+                _, _, terminated, truncated, info = env.step(expert.act(info["state"]))
+                steps += 1
+                if terminated or truncated:
+                    _, info = env.reset(seed=seed + steps)
+        finally:
+            env.close()
     return [(depth, label, spent[i] / steps / 1e3) for i, (depth, label, _, _) in enumerate(STAGES)]
 
 

@@ -59,11 +59,26 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     no_envpool = ("renderer_over_envpool", "renderer_over_envpool_driving", "state_over_envpool_driving")
     assert all(results["ratios"][k] is None and results["met"].get(k) is None for k in no_envpool)
     assert all(v is not None for k, v in results["ratios"].items() if k not in no_envpool)
-    assert horizons == [0, 0, 0, 0]  # warm-up and eval rows drive their episodes only: no uncounted calibration laps
+    # warm-up, eval rows and the stage-timed eval drive their episodes only: no uncounted calibration laps
+    assert horizons == [0, 0, 0, 0, 0]
     assert results["start_up"]["envs_cpu_s"] > 0 and results["start_up"]["loops_cpu_s"] > 0
     calls = results["controller_call_cpu_ms"]
     assert set(calls) == {"back_to_back", "after_state_steps", "after_pixel_steps"} and min(calls.values()) > 0
     assert not any(str(v).startswith("/") for v in results["config"].values())  # no path of this machine
+    stages = results["loop_stages"]  # one more collect (2 episodes of 6) and eval (best K) run, timed by stage
+    assert stages["collect"]["steps"] == 12 and stages["eval"]["steps"] == 6
+    for loop, got in stages.items():
+        by_label = {row["label"]: row["us_per_step"] for row in got["stages"]}
+        assert by_label["env step (wrappers included)"] > 0 and got["env_us"] > 0, loop
+        assert got["over_env_us"] == pytest.approx(got["us_per_step"] - got["env_us"])
+        top = [row["us_per_step"] for row in got["stages"] if row["depth"] == 0]
+        assert sum(top) == pytest.approx(got["us_per_step"]) and got["garbage_collector_us"] >= 0
+    collect = {row["label"]: row["us_per_step"] for row in stages["collect"]["stages"]}
+    assert collect["PPO expert (numba kernels)"] > 0 and collect["frame coding to 84x84 gray"] > 0
+    assert collect["shard: deflate and write, per episode"] > 0
+    evaluate = {row["label"]: row["us_per_step"] for row in stages["eval"]["stages"]}
+    network, encoder = evaluate["network, S samples"], evaluate["encoder: the new frames' tokens"]
+    assert 0 < encoder < network < evaluate["controller call"]
 
 
 STAND_IN = """
