@@ -191,3 +191,18 @@ def test_the_progress_bar_counts_episodes_of_lane_tasks(workers, monkeypatch):
     run_tasks(_lane_task, tasks, workers, got.extend, show=False, size=lambda t: len(t[2]))
     assert sorted(got) == [1, 2, 3, 4, 5, 6]
     assert seen[0] == ("total", 6) and max(n for kind, n in seen if kind == "done") == 6
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_heap_is_collected_and_frozen_once_before_the_first_episodes(workers, monkeypatch):
+    """`freeze_heap`: the first run_tasks of a process collects garbage, then freezes what is alive, before any task
+    runs (before the pool forks); later runs do neither again."""
+    order: list[str] = []
+    monkeypatch.setattr(pool, "_FROZEN", False)
+    monkeypatch.setattr(pool.gc, "collect", lambda *args: order.append("collect") or 0)
+    monkeypatch.setattr(pool.gc, "freeze", lambda: order.append("freeze"))
+    tasks = [("a", {}, (1,)), ("a", {}, (2,))]
+    for _ in range(2):
+        run_tasks(_lane_task, tasks, workers, lambda seeds: order.append(f"task {seeds}"), show=False)
+    assert order[:2] == ["collect", "freeze"] and order.count("collect") == order.count("freeze") == 1
+    assert sorted(order[2:]) == ["task [1]", "task [1]", "task [2]", "task [2]"]
