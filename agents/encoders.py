@@ -149,10 +149,10 @@ class FrameTokens(nn.Module):
             batch.append(x[picks[:, 0], picks[:, 1]])  # (N, 84, 84)
         out = torch.empty(b, t, self.cnn[-2].out_features, device=x.device)  # (B, T, d)
         if batch:
-            fresh = torch.cat(batch)  # (S + N, 84, 84)
-            pad = max(0, MIN_ROWS - len(fresh))
-            fresh = torch.cat([fresh, fresh[:1].expand(pad, *fresh.shape[1:])]) if pad else fresh
-            tokens = self.cnn(fresh.unsqueeze(1).float() / 255.0)  # (max(S + N, MIN_ROWS), d)
+            pad = max(0, MIN_ROWS - sum(len(part) for part in batch))
+            batch += [batch[0][:1].expand(pad, *x.shape[2:])] if pad else []
+            fresh = batch[0].float() if len(batch) == 1 else torch.cat(batch).float()  # (max(S + N, MIN_ROWS), 84, 84)
+            tokens = self.cnn(fresh.unsqueeze(1).div_(255.0))  # the float copy divided in place: bits of `/ 255.0`
             if n_slid:
                 out[slid_rows, t - 1] = tokens[:n_slid]
                 out[slid_rows, : t - 1] = last[1][slid_rows, 1:]  # type: ignore[index]

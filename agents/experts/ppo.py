@@ -178,6 +178,18 @@ def _env_actions(a, speed, speed_mode, keep, c, out):  # pragma: no cover - comp
     return out
 
 
+@njit(cache=True, boundscheck=False)
+def _input_layer(states, mean, std, bound, keep, z, wt, b, out):  # pragma: no cover - compiled
+    """The first layer on the standardised states: `_standardised` into z, then `_dense` into out, in one call."""
+    return _dense(_standardised(states, mean, std, bound, keep, z), wt, b, out)
+
+
+@njit(cache=True, boundscheck=False)
+def _output_layer(x, wt, b, a, states, speed_index, speed_mode, keep, c, out):  # pragma: no cover - compiled
+    """The last layer into a, then `_env_actions` on it and the states' speed column into out, in one call."""
+    return _env_actions(_dense(x, wt, b, a), states[:, speed_index], speed_mode, keep, c, out)
+
+
 def _tanh(x: np.ndarray) -> np.ndarray:
     return np.tanh(x, out=x)
 
@@ -197,7 +209,9 @@ class PPOExpert:
     tests/agents/test_experts.py), with numpy's tanh between them. Why: the closed loop asks for one action per
     car-step between two frames, and torch's dispatch of eight small ops ran in caches the renderer had just evicted
     (with the faster frame coding, this took `drive bench closedloop`'s collect row from 867 to 1023 steps per CPU-s:
-    docs/scale.md); numpy's dozen small calls after it cost ~24 us per call, the kernels ~10 (docs/scale.md). Each
+    docs/scale.md); numpy's dozen small calls after it cost ~24 us per call, the kernels ~10 (docs/scale.md). The first
+    layer runs with the standardisation and the last with the action mapping, one call each (a numba call from Python
+    costs its argument checks: `drive bench closedloop` prints the expert's share of a collect step). Each
     row is computed alone, so K cars' states in one `act_many` call (drive/loop/lanes.py) get what each gets alone,
     bit for bit. Departure from `PPOPolicy.forward`, which is what SB3 computes: the matrix products sum in another
     order and tanh is numpy's, so actions differ in the last bits (below 1e-5: tests/agents/test_experts.py), and
@@ -235,12 +249,17 @@ class PPOExpert:
         states = np.asarray(states, dtype=np.float32)
         if states.ndim != 2 or states.shape[1] != cfg.obs_dim:
             raise ValueError(f"PPO expert expects a state of shape ({cfg.obs_dim},), got {states.shape[1:]}")
-        bound = np.float32(cfg.clip_obs)
-        x = _standardised(states, self._mean, self._std, bound, TIE_KEEPS_X, np.empty_like(states))  # (K, I)
-        for n, (wt, b) in enumerate(self._layers):
-            x = _dense(x, wt, b, np.empty((len(x), wt.shape[1]), np.float32))  # (K, width)
-            if n < len(self._layers) - 1:
-                x = self._activation(x)
-        speed = np.ascontiguousarray(states[:, cfg.speed_index])  # (K,)
-        out = np.empty((len(x), 3), np.float32)
-        return _env_actions(x, speed, cfg.action_mode == "speed", TIE_KEEPS_X, self._consts, out)  # (K, 3)
+        k, bound, z = len(states), np.float32(cfg.clip_obs), np.empty_like(states)
+        if len(self._layers) == 1:
+            x = _standardised(states, self._mean, self._std, bound, TIE_KEEPS_X, z)  # (K, I)
+        else:  # the kernels in three calls for two hidden layers (five before: ~2 us less per call)
+            wt, b = self._layers[0]
+            x = _input_layer(states, self._mean, self._std, bound, TIE_KEEPS_X, z, wt, b,
+                             np.empty((k, wt.shape[1]), np.float32))  # fmt: skip
+            for wt, b in self._layers[1:-1]:
+                x = _dense(self._activation(x), wt, b, np.empty((k, wt.shape[1]), np.float32))  # (K, width)
+            x = self._activation(x)
+        wt, b = self._layers[-1]
+        a, out = np.empty((k, wt.shape[1]), np.float32), np.empty((k, 3), np.float32)
+        return _output_layer(x, wt, b, a, states, cfg.speed_index, cfg.action_mode == "speed", TIE_KEEPS_X,
+                             self._consts, out)  # fmt: skip

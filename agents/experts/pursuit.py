@@ -69,14 +69,17 @@ class PurePursuit:
         self.ix = np.array([idx[f"ahead_x_{d:g}"] for d in cfg.lookahead_m])  # (K,)
         self.iy = np.array([idx[f"ahead_y_{d:g}"] for d in cfg.lookahead_m])  # (K,)
         self.idir = np.array([idx[f"ahead_dir_{d:g}"] for d in cfg.lookahead_m])  # (K,)
+        # a str caches its hash: the config's own hash went through its ~50 state names for every car at every step
+        self._lane_key = f"pursuit {cfg!r}"
 
     def reset(self) -> None:
         pass
 
     @property
-    def lane_key(self) -> PursuitConfig:
-        """Experts with equal keys answer in one `act_many` call (drive/loop/lanes.py `expert_lanes`)."""
-        return self.cfg
+    def lane_key(self) -> str:
+        """Experts with equal keys (equal configs) answer in one `act_many` call (drive/loop/lanes.py
+        `expert_lanes`)."""
+        return self._lane_key
 
     def target_speed(self, state: np.ndarray) -> float:
         return float(self.target_speeds(np.asarray(state, dtype=np.float64)[None])[0])

@@ -255,13 +255,14 @@ def run_lanes(
 
     for j in range(len(lanes)):
         start(j)
+    bounds = [(lane.env.action_space.low, lane.env.action_space.high) for lane in lanes]  # type: ignore[attr-defined]
     while any(r is not None for r in running):
         active = [j for j, r in enumerate(running) if r is not None]
         states = [running[j] for j in active]
         outs = act([lanes[j].policy for j in active], [r.obs for r in states], [r.info for r in states])  # type: ignore[union-attr]
         for j, run, out in zip(active, states, outs, strict=True):
             assert run is not None
-            if _step(lanes[j], run, out):
+            if _step(lanes[j], run, out, *bounds[j]):
                 result = _result(lanes[j].policy, run)
                 results[run.episode] = result
                 if on_episode is not None:
@@ -270,10 +271,9 @@ def run_lanes(
     return [results[i] for i in range(len(seeds))]
 
 
-def _step(lane: Lane, run: _Running, out: Any) -> bool:
-    """Execute one step of a lane's episode; True when the episode ended."""
+def _step(lane: Lane, run: _Running, out: Any, low: np.ndarray, high: np.ndarray) -> bool:
+    """Execute one step of a lane's episode (its action clipped to [low, high]); True when the episode ended."""
     env = lane.env
-    low, high = env.action_space.low, env.action_space.high  # type: ignore[attr-defined]
     if not isinstance(out, PolicyOutput):
         out = PolicyOutput(np.asarray(out, np.float32))
     action = clip_action(np.asarray(out.action, np.float32), low, high)

@@ -142,7 +142,7 @@ def test_the_kernels_clip_is_numpys_clip_on_every_awkward_value():
 
 
 @pytest.mark.parametrize("mode", ["accel", "speed"])
-def test_the_expert_kernels_keep_numpys_bits(mode, monkeypatch):
+def test_the_expert_kernels_keep_numpys_bits(mode):
     """The standardisation and action kernels against numpy's ops on the same layer outputs, bit for bit: states
     with NaN, infinities, signed zeros, values at and past the clip bound; policy outputs of -0.0, ties at +-1, NaN."""
     cfg = PPOPolicyConfig(obs_dim=STATE_DIM, hidden=(16,), action_mode=mode, v_min=5.0, v_max=110.0)
@@ -158,23 +158,26 @@ def test_the_expert_kernels_keep_numpys_bits(mode, monkeypatch):
     states[::3, 1:9] = edges
     states[::4, 1] = expert._mean[1] + 10 * expert._std[1]  # at the clip bound
     states[:, cfg.speed_index] = rng.choice([0.0, -0.0, 5.0, 57.5, 110.0, 300.0, np.nan, np.inf], size=300)
-    # the last layer's outputs pinned to the awkward values, through a stand-in for the (unchanged) dense kernel
+    # layer outputs pinned to the awkward values
     outputs = rng.choice(np.array([-0.0, 0.0, 1.0, -1.0, 1.5, -7.0, np.nan, np.inf, 0.25, -0.3], np.float32),
                          size=(300, 2))  # fmt: skip
-    dense, calls = ppo._dense, []
-
-    def pinned(x, wt, b, out):
-        calls.append(x.copy())
-        return outputs.copy() if wt.shape[1] == 2 else dense(x, wt, b, out)
-
-    monkeypatch.setattr(ppo, "_dense", pinned)
+    bound, keep, mode_is_speed = np.float32(cfg.clip_obs), ppo.TIE_KEEPS_X, mode == "speed"
+    speed = np.ascontiguousarray(states[:, cfg.speed_index])
     with np.errstate(all="ignore"):
-        got = expert.act_many(states)
+        z = ppo._standardised(states, expert._mean, expert._std, bound, keep, np.empty_like(states))
+        got = ppo._env_actions(outputs, speed, mode_is_speed, keep, expert._consts, np.empty((300, 3), np.float32))
         want_z = ((states - expert._mean) / expert._std).clip(-cfg.clip_obs, cfg.clip_obs)
         want = to_env_action(outputs.clip(-1.0, 1.0), states[:, cfg.speed_index], cfg).astype(np.float32)
-    assert calls[0].view(np.uint32).tolist() == want_z.view(np.uint32).tolist()  # standardised, bit for bit
+        # act_many's fused layers are these kernels and `_dense`, one after the other, bit for bit
+        (w1, b1), (w2, b2) = expert._layers
+        hidden = np.tanh(ppo._dense(z, w1, b1, np.empty((300, w1.shape[1]), np.float32)))
+        last = ppo._dense(hidden, w2, b2, np.empty((300, 2), np.float32))
+        composed = ppo._env_actions(last, speed, mode_is_speed, keep, expert._consts, np.empty((300, 3), np.float32))
+        fused = expert.act_many(states)
+    assert z.view(np.uint32).tolist() == want_z.view(np.uint32).tolist()  # standardised, bit for bit
     assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
     assert np.isnan(got).any() and np.signbit(got[got == 0]).any()  # the awkward values did reach the output
+    assert fused.view(np.uint32).tolist() == composed.view(np.uint32).tolist()
 
 
 def test_export_reproduces_sb3_deterministic_actions(tmp_path):
