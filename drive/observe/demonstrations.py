@@ -15,6 +15,7 @@ from datasets.frames import frame_coder
 from drive.loop.rollout import StepRecord
 
 STEP_FIELDS = ("label", "action", "state", "reward", "progress", "speed", "pose", "off_track", "raw")
+_NO_POSE = np.full(3, np.nan)  # an env without a pose: read only (`arrays` copies it), so one for every step
 
 
 class EpisodeRecorder:
@@ -40,7 +41,7 @@ class EpisodeRecorder:
         s["reward"].append(rec.reward)
         s["progress"].append(rec.next_info.get("progress", np.nan))
         s["speed"].append(rec.info.get("speed", np.nan))
-        s["pose"].append(rec.info.get("pose", np.full(3, np.nan)))
+        s["pose"].append(rec.info.get("pose", _NO_POSE))
         s["off_track"].append(bool(rec.next_info.get("off_track", False)))
         if self.keep_raw:
             s["raw"].append(np.array(raw, np.uint8))
