@@ -17,7 +17,9 @@ times its step loop only). Collect and eval rates then count the whole run (pool
 building, shards written) over all its steps; eval without failure prediction, whose nominal calibration laps would
 cost CPU the rate does not count (`failure_horizon=0`). Last, one controller call of the best K is timed back to back
 and between env steps (drive/studies/controller_calls.py): what the eval rows pay per call beyond the network's own
-cost.
+cost; then collect and eval run once more with timers around their stages (drive/studies/loop_stages.py): where a
+step goes, and what the 0.9x and 0.8x targets leave a step beside the env's own time. `--stages-only` runs that last
+part alone (eval at the largest `--envs`), about a minute.
 
 Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
 threads included): what a step costs, whatever else runs. Wall-clock rates are printed beside them and the 2-worker
@@ -87,6 +89,8 @@ class Config:
     stages: bool = True
     """then run collect and eval (best K) once more with timers around their stages: where a step goes
     (drive/studies/loop_stages.py)"""
+    stages_only: bool = False
+    """only those stage timings (eval at the largest --envs), no rows or ratios: about a minute"""
     envpool_python: str | None = None
     """python that runs the EnvPool row (default: this one); its row is skipped with a note where envpool does not
     import there"""
@@ -236,6 +240,8 @@ def run(cfg: Config) -> int:
         start_up = {"envs_cpu_s": warm_up(cfg.max_episode_steps), "loops_cpu_s": warm_up_loops(cfg)}
     console.print(f"start-up before the timed rows: {start_up['envs_cpu_s']:.1f} CPU-s (envs), "
                   f"{start_up['loops_cpu_s']:.1f} CPU-s (collect and eval: imports, checkpoints)")  # fmt: skip
+    if cfg.stages_only:
+        return _stages_only(cfg, console, start_up, load_before)
     rows: dict[str, Row] = dict(measure_envs(cfg, console))
     # each ratio's two rows run back to back: on a shared machine even CPU time per step drifts (2x in minutes, seen)
     plan: list[tuple[str, Callable[[], dict[str, Row]]]] = [
@@ -259,24 +265,47 @@ def run(cfg: Config) -> int:
     ratios, ranges = ratios_of(rows, cfg.envs), round_ranges(rows, cfg.envs)
     print_tables(console, rows, ratios, ranges)
     calls = controller_calls(cfg, best, console)
-    stages = None
-    if cfg.stages and best is not None:
-        from drive.studies.loop_stages import loop_stages, print_stages
-
-        with console.status("timing collect's and eval's steps stage by stage ..."):
-            stages = loop_stages(cfg, best)
-        print_stages(console, stages, best)
-    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-               "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
+    stages = _stages(cfg, best, console) if cfg.stages and best is not None else None
+    machine = _machine(load_before)
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
     results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios,
                "ratio_round_ranges": ranges, "targets": TARGETS,
                "verdicts": {key: verdict(ratios[key], target, ranges.get(key)) for key, target in TARGETS.items()},
                "best_envs": best, "met": met, "start_up": start_up, "controller_call_cpu_ms": calls,
                "loop_stages": stages,
-               "config": portable({k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()}),
+               "config": _config(cfg),
                "machine": machine}  # fmt: skip
+    _write(cfg, results, console)
+    return 0
+
+
+def _stages(cfg: Config, k: int, console: Any) -> dict[str, Any]:
+    from drive.studies.loop_stages import loop_stages, print_stages
+
+    with console.status("timing collect's and eval's steps stage by stage ..."):
+        stages = loop_stages(cfg, k)
+    print_stages(console, stages, k)
+    return stages
+
+
+def _stages_only(cfg: Config, console: Any, start_up: dict[str, float], load_before: float) -> int:
+    k = max(cfg.envs)
+    results = {"loop_stages": _stages(cfg, k, console), "envs": k, "start_up": start_up, "config": _config(cfg),
+               "machine": _machine(load_before)}  # fmt: skip
+    _write(cfg, results, console)
+    return 0
+
+
+def _machine(load_before: float) -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
+
+
+def _config(cfg: Config) -> dict[str, Any]:
+    return portable({k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()})
+
+
+def _write(cfg: Config, results: dict[str, Any], console: Any) -> None:
     if cfg.out is not None:
         atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
         console.print(f"wrote {cfg.out}")
-    return 0
