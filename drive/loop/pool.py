@@ -58,12 +58,13 @@ _FROZEN = False  # `freeze_heap` done in this process
 
 def freeze_heap() -> None:
     """Once per process, before its first episodes: collect garbage, then move every object still alive to the
-    garbage collector's permanent generation (`gc.freeze`), so no later full collection traverses them. The ~280 000
-    objects of start-up (torch, numba, gymnasium, the models) made each full collection a ~120 ms pause, one about
-    every 20 000 collect steps; forked workers inherit the frozen heap and no longer write to every inherited object's
-    GC header (pages copied on write), which is what CPython's documentation of `gc.freeze` recommends before a fork.
-    Objects alive now that later become cyclic garbage are not reclaimed: they live as long as the process anyway.
-    `drive bench closedloop` prints the collector's time per step beside its stages (drive/studies/loop_stages.py)."""
+    garbage collector's permanent generation (`gc.freeze`), so no later full collection traverses them: start-up's
+    objects (torch, numba, gymnasium, the models) made each full collection a pause of a tenth of a second or so.
+    Forked workers inherit the frozen heap and no longer write to every inherited object's GC header (pages copied on
+    write), which is what CPython's documentation of `gc.freeze` recommends before a fork. Objects alive now that
+    later become cyclic garbage are not reclaimed: they live as long as the process anyway. `drive bench closedloop`
+    prints how many objects were frozen and the collector's time per step and longest pause beside its stages
+    (drive/studies/loop_stages.py)."""
     global _FROZEN
     if not _FROZEN:
         _FROZEN = True

@@ -48,7 +48,7 @@ TARGETS = {"collect": 0.9, "eval": 0.8}
 
 
 def split(stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float, target: float,
-          collector_ns: int = 0) -> dict[str, Any]:  # fmt: skip
+          collector: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
     """Per-step microseconds of each stage, the rest, the env's share, what `target` leaves the loop, and the garbage
     collector's time (already inside the stages it interrupted)."""
     rows = [{"depth": depth, "label": label, "us_per_step": ns / steps / 1e3}
@@ -57,21 +57,27 @@ def split(stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float
     top = sum(row["us_per_step"] for row in rows if row["depth"] == 0)
     rows.append({"depth": 0, "label": "the rest: the loop's own Python, start-up, timers", "us_per_step": total - top})
     env = sum(row["us_per_step"] for row in rows[: len(_ENV)])
+    gc_ns, gc_longest, gc_full = collector or (0, 0, 0)
     return {"steps": steps, "us_per_step": total, "stages": rows, "env_us": env, "over_env_us": total - env,
             "target": target, "allowed_over_env_us": env * (1 / target - 1),
-            "garbage_collector_us": collector_ns / steps / 1e3}  # fmt: skip
+            "garbage_collector_us": gc_ns / steps / 1e3, "garbage_collector_longest_ms": gc_longest / 1e6,
+            "garbage_collector_full_runs": gc_full, "objects_frozen": gc.get_freeze_count()}  # fmt: skip
 
 
 @contextmanager
 def collector_time() -> Iterator[list[int]]:
-    """Wall ns Python's cyclic garbage collector runs while the block does (`gc.callbacks`), in whatever stage."""
-    spent, started = [0], [0]
+    """Python's cyclic garbage collector while the block runs (`gc.callbacks`), in whatever stage: [wall ns in all,
+    the longest collection in ns, full (generation 2) collections]."""
+    spent, started = [0, 0, 0], [0]
 
     def callback(phase: str, info: dict) -> None:
         if phase == "start":
             started[0] = time.perf_counter_ns()
         else:
-            spent[0] += time.perf_counter_ns() - started[0]
+            took = time.perf_counter_ns() - started[0]
+            spent[0] += took
+            spent[1] = max(spent[1], took)
+            spent[2] += info["generation"] == 2
 
     gc.callbacks.append(callback)
     try:
@@ -85,10 +91,10 @@ def loop_stages(cfg: LoopRowsConfig, k: int) -> dict[str, dict[str, Any]]:
     out = {}
     with stage_timers(COLLECT_STAGES) as spent, collector_time() as collector:
         steps, wall, _ = collect_run(cfg, 1)
-    out["collect"] = split(COLLECT_STAGES, list(spent), steps, wall, TARGETS["collect"], collector[0])
+    out["collect"] = split(COLLECT_STAGES, list(spent), steps, wall, TARGETS["collect"], collector)
     with stage_timers(EVAL_STAGES) as spent, collector_time() as collector:
         row = eval_row(cfg, k, 1)
-    out["eval"] = split(EVAL_STAGES, list(spent), row.steps, row.wall_s, TARGETS["eval"], collector[0])
+    out["eval"] = split(EVAL_STAGES, list(spent), row.steps, row.wall_s, TARGETS["eval"], collector)
     return out
 
 
@@ -106,6 +112,8 @@ def print_stages(console: Any, stages: dict[str, dict[str, Any]], k: int) -> Non
         table.add_row("whole step", f"{got['us_per_step']:.1f}", "100 %")
         console.print(table)
         console.print(f"{loop}: {got['over_env_us']:.1f} us per step over the env's {got['env_us']:.1f}; at "
-                      f"{got['target']}x the env alone a step may spend {got['allowed_over_env_us']:.1f}; Python's "
-                      f"garbage collector ran {got['garbage_collector_us']:.2f} us per step, inside the stages above "
-                      f"(drive/loop/pool.py freeze_heap)")  # fmt: skip
+                      f"{got['target']}x the env alone a step may spend {got['allowed_over_env_us']:.1f}. Python's "
+                      f"garbage collector: {got['garbage_collector_us']:.2f} us per step inside the stages above, "
+                      f"{got['garbage_collector_full_runs']} full runs, the longest pause "
+                      f"{got['garbage_collector_longest_ms']:.1f} ms; {got['objects_frozen']} objects frozen at "
+                      f"start-up (drive/loop/pool.py freeze_heap)")  # fmt: skip
