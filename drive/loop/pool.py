@@ -15,7 +15,6 @@ second Ctrl-C raises at once.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing as mp
 import os
 import signal
@@ -28,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from drive.errors import USER_ERRORS
+from drive.loop.heap import freeze_heap
 
 _COUNTER: Any = None  # shared frame counter for the progress bar
 
@@ -51,25 +51,6 @@ def _init_worker(counter: Any) -> None:
         sys.modules["torch"].set_num_threads(1)
     if "cv2" in sys.modules:
         sys.modules["cv2"].setNumThreads(1)
-
-
-_FROZEN = False  # `freeze_heap` done in this process
-
-
-def freeze_heap() -> None:
-    """Once per process, before its first episodes: collect garbage, then move every object still alive to the
-    garbage collector's permanent generation (`gc.freeze`), so no later full collection traverses them: start-up's
-    objects (torch, numba, gymnasium, the models) made each full collection a pause of a tenth of a second or so.
-    Forked workers inherit the frozen heap and no longer write to every inherited object's GC header (pages copied on
-    write), which is what CPython's documentation of `gc.freeze` recommends before a fork. Objects alive now that
-    later become cyclic garbage are not reclaimed: they live as long as the process anyway. `drive bench closedloop`
-    prints how many objects were frozen and the collector's time per step and longest pause beside its stages
-    (drive/studies/loop_stages.py)."""
-    global _FROZEN
-    if not _FROZEN:
-        _FROZEN = True
-        gc.collect()
-        gc.freeze()
 
 
 def worker_tick(n: int) -> None:

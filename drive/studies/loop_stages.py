@@ -48,7 +48,7 @@ TARGETS = {"collect": 0.9, "eval": 0.8}
 
 
 def split(stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float, target: float,
-          collector: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+          collector: list[int]) -> dict[str, Any]:  # fmt: skip
     """Per-step microseconds of each stage, the rest, the env's share, what `target` leaves the loop, and the garbage
     collector's time (already inside the stages it interrupted)."""
     rows = [{"depth": depth, "label": label, "us_per_step": ns / steps / 1e3}
@@ -57,7 +57,7 @@ def split(stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float
     top = sum(row["us_per_step"] for row in rows if row["depth"] == 0)
     rows.append({"depth": 0, "label": "the rest: the loop's own Python, start-up, timers", "us_per_step": total - top})
     env = sum(row["us_per_step"] for row in rows[: len(_ENV)])
-    gc_ns, gc_longest, gc_full = collector or (0, 0, 0)
+    gc_ns, gc_longest, gc_full = collector
     return {"steps": steps, "us_per_step": total, "stages": rows, "env_us": env, "over_env_us": total - env,
             "target": target, "allowed_over_env_us": env * (1 / target - 1),
             "garbage_collector_us": gc_ns / steps / 1e3, "garbage_collector_longest_ms": gc_longest / 1e6,
@@ -98,6 +98,14 @@ def loop_stages(cfg: LoopRowsConfig, k: int) -> dict[str, dict[str, Any]]:
     return out
 
 
+def timed_stages(cfg: LoopRowsConfig, k: int, console: Any) -> dict[str, dict[str, Any]]:
+    """`loop_stages` under a status line, then its tables printed (what `drive bench closedloop` runs last)."""
+    with console.status("timing collect's and eval's steps stage by stage ..."):
+        stages = loop_stages(cfg, k)
+    print_stages(console, stages, k)
+    return stages
+
+
 def print_stages(console: Any, stages: dict[str, dict[str, Any]], k: int) -> None:
     from rich.table import Table
 
@@ -116,4 +124,4 @@ def print_stages(console: Any, stages: dict[str, dict[str, Any]], k: int) -> Non
                       f"garbage collector: {got['garbage_collector_us']:.2f} us per step inside the stages above, "
                       f"{got['garbage_collector_full_runs']} full runs, the longest pause "
                       f"{got['garbage_collector_longest_ms']:.1f} ms; {got['objects_frozen']} objects frozen at "
-                      f"start-up (drive/loop/pool.py freeze_heap)")  # fmt: skip
+                      f"start-up (drive/loop/heap.py freeze_heap)")  # fmt: skip

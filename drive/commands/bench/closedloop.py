@@ -47,6 +47,7 @@ from drive.loop.options import SHIPPED_CONTROLLER
 from drive.options import NonNegativeInt, PositiveInt
 from drive.studies.closedloop_envs import Row, measure_envs, warm_up
 from drive.studies.closedloop_loops import collect2_row, collect_rows, eval_row, warm_up_loops
+from drive.studies.loop_stages import timed_stages
 
 TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_best_over_renderer": 0.8,
            "collect2_over_collect1": 1.7, "renderer_over_envpool_driving": 1.0,
@@ -265,7 +266,7 @@ def run(cfg: Config) -> int:
     ratios, ranges = ratios_of(rows, cfg.envs), round_ranges(rows, cfg.envs)
     print_tables(console, rows, ratios, ranges)
     calls = controller_calls(cfg, best, console)
-    stages = _stages(cfg, best, console) if cfg.stages and best is not None else None
+    stages = timed_stages(cfg, best, console) if cfg.stages and best is not None else None
     machine = _machine(load_before)
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
     results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios,
@@ -279,18 +280,9 @@ def run(cfg: Config) -> int:
     return 0
 
 
-def _stages(cfg: Config, k: int, console: Any) -> dict[str, Any]:
-    from drive.studies.loop_stages import loop_stages, print_stages
-
-    with console.status("timing collect's and eval's steps stage by stage ..."):
-        stages = loop_stages(cfg, k)
-    print_stages(console, stages, k)
-    return stages
-
-
 def _stages_only(cfg: Config, console: Any, start_up: dict[str, float], load_before: float) -> int:
     k = max(cfg.envs)
-    results = {"loop_stages": _stages(cfg, k, console), "envs": k, "start_up": start_up, "config": _config(cfg),
+    results = {"loop_stages": timed_stages(cfg, k, console), "envs": k, "start_up": start_up, "config": _config(cfg),
                "machine": _machine(load_before)}  # fmt: skip
     _write(cfg, results, console)
     return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from drive.cli import main
-from drive.loop import pool
+from drive.loop import heap, pool
 from drive.loop.pool import DeferredInterrupt, run_tasks
 
 
@@ -198,9 +198,9 @@ def test_the_heap_is_collected_and_frozen_once_before_the_first_episodes(workers
     """`freeze_heap`: the first run_tasks of a process collects garbage, then freezes what is alive, before any task
     runs (before the pool forks); later runs do neither again."""
     order: list[str] = []
-    monkeypatch.setattr(pool, "_FROZEN", False)
-    monkeypatch.setattr(pool.gc, "collect", lambda *args: order.append("collect") or 0)
-    monkeypatch.setattr(pool.gc, "freeze", lambda: order.append("freeze"))
+    monkeypatch.setattr(heap, "_FROZEN", False)
+    monkeypatch.setattr(heap.gc, "collect", lambda *args: order.append("collect") or 0)
+    monkeypatch.setattr(heap.gc, "freeze", lambda: order.append("freeze"))
     tasks = [("a", {}, (1,)), ("a", {}, (2,))]
     for _ in range(2):
         run_tasks(_lane_task, tasks, workers, lambda seeds: order.append(f"task {seeds}"), show=False)
