@@ -41,7 +41,7 @@ EVAL_STAGES: tuple[Stage, ...] = (
     (2, "frame coding into the stacks", "datasets.frames", "ObservationCoder.push_into"),
     (2, "network, S samples", "agents.base", "Controller.predict"),
     (3, "encoder: the new frames' tokens", "agents.encoders", "FrameTokens.forward"),
-    (1, "shadow experts", "drive.loop.lanes", "expert_lanes"),
+    (1, "shadow experts (one car: in its decision)", "drive.loop.lanes", "expert_lanes"),
     (1, "each car's decision (gate, statistics)", "drive.loop.policies", "ControllerPolicy.decide"),
 )
 TARGETS = {"collect": 0.9, "eval": 0.8}

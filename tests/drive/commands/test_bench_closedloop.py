@@ -81,15 +81,19 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     assert 0 < encoder < network < evaluate["controller call"]
 
 
-def test_stages_only_times_collect_and_eval_at_the_largest_k_without_rows(tmp_path):
+@pytest.mark.parametrize("envs", [["1", "3"], ["1"]])  # one car's controller call goes through its own `act`
+def test_stages_only_times_collect_and_eval_at_the_largest_k_without_rows(tmp_path, envs):
     out = tmp_path / "stages.json"
     code = main(["bench", "closedloop", "--stages-only", "--episodes", "2", "--max-episode-steps", "5", "--samples",
-                 "2", "--envs", "1", "3", "--eval-episodes", "3", "--eval-max-episode-steps", "4",
+                 "2", "--envs", *envs, "--eval-episodes", "3", "--eval-max-episode-steps", "4",
                  "--out", str(out)])  # fmt: skip
     assert code == 0
     results = json.loads(out.read_text())
-    assert "rows" not in results and results["envs"] == 3
+    assert "rows" not in results and results["envs"] == int(envs[-1])
     assert results["loop_stages"]["collect"]["steps"] == 10 and results["loop_stages"]["eval"]["steps"] == 12
+    evaluate = {row["label"]: row["us_per_step"] for row in results["loop_stages"]["eval"]["stages"]}
+    network, encoder = evaluate["network, S samples"], evaluate["encoder: the new frames' tokens"]
+    assert 0 < encoder < network < evaluate["controller call"] < evaluate["the K cars' step (one controller call)"]
     assert not any(str(v).startswith("/") for v in results["config"].values())
 
 
