@@ -13,6 +13,7 @@ loop's own Python (run_lanes, step records, observers' calls), start-up and the 
 from __future__ import annotations
 
 import gc
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,18 +58,21 @@ def split(stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float
     top = sum(row["us_per_step"] for row in rows if row["depth"] == 0)
     rows.append({"depth": 0, "label": "the rest: the loop's own Python, start-up, timers", "us_per_step": total - top})
     env = sum(row["us_per_step"] for row in rows[: len(_ENV)])
-    gc_ns, gc_longest, gc_full = collector
+    gc_ns, gc_longest, gc_full, faults = collector
     return {"steps": steps, "us_per_step": total, "stages": rows, "env_us": env, "over_env_us": total - env,
             "target": target, "allowed_over_env_us": env * (1 / target - 1),
             "garbage_collector_us": gc_ns / steps / 1e3, "garbage_collector_longest_ms": gc_longest / 1e6,
-            "garbage_collector_full_runs": gc_full, "objects_frozen": gc.get_freeze_count()}  # fmt: skip
+            "garbage_collector_full_runs": gc_full, "objects_frozen": gc.get_freeze_count(),
+            "page_faults_per_step": faults / steps}  # fmt: skip
 
 
 @contextmanager
-def collector_time() -> Iterator[list[int]]:
-    """Python's cyclic garbage collector while the block runs (`gc.callbacks`), in whatever stage: [wall ns in all,
-    the longest collection in ns, full (generation 2) collections]."""
-    spent, started = [0, 0, 0], [0]
+def heap_counters() -> Iterator[list[int]]:
+    """Python's cyclic garbage collector while the block runs (`gc.callbacks`), in whatever stage, and the process's
+    minor page faults: [the collector's wall ns in all, its longest collection in ns, full (generation 2)
+    collections, page faults]. Faults are memory touched for the first time, or again after the allocator gave it
+    back to the kernel (torch's freed blocks of a batched call): what the figure shows, start-up included."""
+    spent, started = [0, 0, 0, 0], [0]
 
     def callback(phase: str, info: dict) -> None:
         if phase == "start":
@@ -79,20 +83,22 @@ def collector_time() -> Iterator[list[int]]:
             spent[1] = max(spent[1], took)
             spent[2] += info["generation"] == 2
 
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     gc.callbacks.append(callback)
     try:
         yield spent
     finally:
         gc.callbacks.remove(callback)
+        spent[3] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
 def loop_stages(cfg: LoopRowsConfig, k: int) -> dict[str, dict[str, Any]]:
     """Collect (`--envs 0`, 1 worker) and eval (K cars, 1 worker), each once, timed stage by stage."""
     out = {}
-    with stage_timers(COLLECT_STAGES) as spent, collector_time() as collector:
+    with stage_timers(COLLECT_STAGES) as spent, heap_counters() as collector:
         steps, wall, _ = collect_run(cfg, 1)
     out["collect"] = split(COLLECT_STAGES, list(spent), steps, wall, TARGETS["collect"], collector)
-    with stage_timers(EVAL_STAGES) as spent, collector_time() as collector:
+    with stage_timers(EVAL_STAGES) as spent, heap_counters() as collector:
         row = eval_row(cfg, k, 1)
     out["eval"] = split(EVAL_STAGES, list(spent), row.steps, row.wall_s, TARGETS["eval"], collector)
     return out
@@ -124,4 +130,5 @@ def print_stages(console: Any, stages: dict[str, dict[str, Any]], k: int) -> Non
                       f"garbage collector: {got['garbage_collector_us']:.2f} us per step inside the stages above, "
                       f"{got['garbage_collector_full_runs']} full runs, the longest pause "
                       f"{got['garbage_collector_longest_ms']:.1f} ms; {got['objects_frozen']} objects frozen at "
-                      f"start-up (drive/loop/heap.py freeze_heap)")  # fmt: skip
+                      f"start-up (drive/loop/heap.py freeze_heap); {got['page_faults_per_step']:.1f} page faults "
+                      "per step, start-up included")  # fmt: skip

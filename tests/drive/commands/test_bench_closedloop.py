@@ -73,6 +73,7 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
         assert got["over_env_us"] == pytest.approx(got["us_per_step"] - got["env_us"])
         top = [row["us_per_step"] for row in got["stages"] if row["depth"] == 0]
         assert sum(top) == pytest.approx(got["us_per_step"]) and got["garbage_collector_us"] >= 0
+        assert got["page_faults_per_step"] >= 0
     collect = {row["label"]: row["us_per_step"] for row in stages["collect"]["stages"]}
     assert collect["PPO expert (numba kernels)"] > 0 and collect["frame coding to 84x84 gray"] > 0
     assert collect["shard: deflate and write, per episode"] > 0
