@@ -49,7 +49,7 @@ TARGETS = {"collect": 0.9, "eval": 0.8}
 
 
 def split(stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float, target: float,
-          collector: list[int]) -> dict[str, Any]:  # fmt: skip
+          counters: list[int]) -> dict[str, Any]:  # fmt: skip
     """Per-step microseconds of each stage, the rest, the env's share, what `target` leaves the loop, and the garbage
     collector's time (already inside the stages it interrupted)."""
     rows = [{"depth": depth, "label": label, "us_per_step": ns / steps / 1e3}
@@ -58,7 +58,7 @@ def split(stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float
     top = sum(row["us_per_step"] for row in rows if row["depth"] == 0)
     rows.append({"depth": 0, "label": "the rest: the loop's own Python, start-up, timers", "us_per_step": total - top})
     env = sum(row["us_per_step"] for row in rows[: len(_ENV)])
-    gc_ns, gc_longest, gc_full, faults = collector
+    gc_ns, gc_longest, gc_full, faults = counters
     return {"steps": steps, "us_per_step": total, "stages": rows, "env_us": env, "over_env_us": total - env,
             "target": target, "allowed_over_env_us": env * (1 / target - 1),
             "garbage_collector_us": gc_ns / steps / 1e3, "garbage_collector_longest_ms": gc_longest / 1e6,
@@ -95,12 +95,12 @@ def heap_counters() -> Iterator[list[int]]:
 def loop_stages(cfg: LoopRowsConfig, k: int) -> dict[str, dict[str, Any]]:
     """Collect (`--envs 0`, 1 worker) and eval (K cars, 1 worker), each once, timed stage by stage."""
     out = {}
-    with stage_timers(COLLECT_STAGES) as spent, heap_counters() as collector:
+    with stage_timers(COLLECT_STAGES) as spent, heap_counters() as counters:
         steps, wall, _ = collect_run(cfg, 1)
-    out["collect"] = split(COLLECT_STAGES, list(spent), steps, wall, TARGETS["collect"], collector)
-    with stage_timers(EVAL_STAGES) as spent, heap_counters() as collector:
+    out["collect"] = split(COLLECT_STAGES, list(spent), steps, wall, TARGETS["collect"], counters)
+    with stage_timers(EVAL_STAGES) as spent, heap_counters() as counters:
         row = eval_row(cfg, k, 1)
-    out["eval"] = split(EVAL_STAGES, list(spent), row.steps, row.wall_s, TARGETS["eval"], collector)
+    out["eval"] = split(EVAL_STAGES, list(spent), row.steps, row.wall_s, TARGETS["eval"], counters)
     return out
 
 

@@ -27,7 +27,8 @@ ratio is a wall one (on a shared machine they measure the neighbours: the load a
 and eval ratios are given against both env rows: the random one (the issue's figure) and the driving one (like for
 like: collect drives exactly the replayed laps, eval the same tracks). Beside each per-core ratio the range it
 spans round by round (`round_ranges`): where that range straddles a target, the machine's drift decided the verdict,
-which then reads "met, within noise" or "MISSED, within noise" (`verdict`; also in the JSON). A benchmark.
+which then reads "met, within noise" or "MISSED, within noise" (`verdict`; also in the JSON); both, with the ratios
+and targets, in drive/studies/closedloop_ratios.py. A benchmark.
 """
 
 from __future__ import annotations
@@ -47,11 +48,8 @@ from drive.loop.options import SHIPPED_CONTROLLER
 from drive.options import NonNegativeInt, PositiveInt
 from drive.studies.closedloop_envs import Row, measure_envs, warm_up
 from drive.studies.closedloop_loops import collect2_row, collect_rows, eval_row, warm_up_loops
+from drive.studies.closedloop_ratios import TARGETS, best_eval, ratios_of, round_ranges, verdict
 from drive.studies.loop_stages import timed_stages
-
-TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_best_over_renderer": 0.8,
-           "collect2_over_collect1": 1.7, "renderer_over_envpool_driving": 1.0,
-           "collect1_over_renderer_driving": 0.9, "eval_best_over_renderer_driving": 0.8}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -110,88 +108,6 @@ def controller_calls(cfg: Config, k: int | None, console: Any) -> dict[str, floa
                   f"after {k} frame-less env steps {ms['after_state_steps']:.2f}, after {k} pixel env steps "
                   f"{ms['after_pixel_steps']:.2f} (drive/studies/controller_calls.py says why)")  # fmt: skip
     return ms
-
-
-def _rate(rows: dict[str, Row], key: str, field: str = "steps_per_cpu_s") -> float | None:
-    return getattr(rows[key], field) if key in rows else None
-
-
-def _over(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a / b
-
-
-def best_eval(rows: dict[str, Row], ks: tuple[int, ...]) -> int | None:
-    rated = [(_rate(rows, f"eval_k{k}"), k) for k in ks]
-    return max(((r, k) for r, k in rated if r is not None), default=(None, None))[1]
-
-
-def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | None]:
-    """Per-core ratios (steps per CPU-second), except the 2-worker ones: wall, what a second worker is for."""
-    best = best_eval(rows, ks)
-    per_cpu = {key: _rate(rows, key) for key in rows}
-    wall = {key: _rate(rows, key, "steps_per_s") for key in rows}
-    best_key = f"eval_k{best}" if best is not None else ""
-    collect_ks = [key for key in rows if key.startswith("collect1_k")]  # collect1 with other K (`collect_envs`)
-    return {
-        "renderer_over_envpool": _over(per_cpu["renderer"], per_cpu["envpool"]),
-        "renderer_over_stock": _over(per_cpu["renderer"], per_cpu["stock"]),
-        "collect1_over_renderer": _over(per_cpu["collect1"], per_cpu["renderer"]),
-        "eval_best_over_renderer": _over(per_cpu.get(best_key), per_cpu["renderer"]),
-        "collect2_over_collect1": _over(wall["collect2"], wall["collect1"]),
-        # like for like: the bare env on the expert's laps (collect drives those very laps, eval similar ones)
-        "renderer_over_envpool_driving": _over(per_cpu["renderer_driving"], per_cpu["envpool_driving"]),
-        # the floor: our physics, reward and state without a frame, against EnvPool's whole step
-        "state_over_envpool_driving": _over(per_cpu["state_driving"], per_cpu["envpool_driving"]),
-        "collect1_over_renderer_driving": _over(per_cpu["collect1"], per_cpu["renderer_driving"]),
-        **{f"{key}_over_collect1": _over(per_cpu[key], per_cpu["collect1"]) for key in collect_ks},
-        "eval_best_over_renderer_driving": _over(per_cpu.get(best_key), per_cpu["renderer_driving"]),
-        # parallel efficiency: 1.0 when the second worker costs no extra CPU per step (start-up, contention)
-        "collect2_over_collect1_per_cpu": _over(per_cpu["collect2"], per_cpu["collect1"]),
-        "eval2_over_eval_best": _over(wall["eval2"], wall.get(best_key)),
-    }
-
-
-def round_ranges(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, list[float] | None]:
-    """[min, max] over the rounds of each per-core ratio that has rounds: two rows with rounds paired round by round
-    (each round runs every env back to back, and the 1-worker collect rows likewise), an eval row (run once)
-    against each round of its env row. The ratio of the sums lies in between; a range that straddles a target says
-    this machine's drift, not the code, decided that verdict. None where neither row has rounds or one is
-    missing."""
-    best = f"eval_k{best_eval(rows, ks)}"
-    pairs = {"renderer_over_envpool": ("renderer", "envpool"), "renderer_over_stock": ("renderer", "stock"),
-             "collect1_over_renderer": ("collect1", "renderer"), "eval_best_over_renderer": (best, "renderer"),
-             "renderer_over_envpool_driving": ("renderer_driving", "envpool_driving"),
-             "state_over_envpool_driving": ("state_driving", "envpool_driving"),
-             "collect1_over_renderer_driving": ("collect1", "renderer_driving"),
-             "eval_best_over_renderer_driving": (best, "renderer_driving"),
-             **{f"{key}_over_collect1": (key, "collect1") for key in rows if key.startswith("collect1_k")}}  # fmt: skip
-
-    def rounds(key: str) -> list[float] | None:
-        row = rows.get(key)
-        if row is None or row.skipped or not row.steps_per_cpu_s:
-            return None
-        return list(row.detail.get("per_round_steps_per_cpu_s", [row.steps_per_cpu_s]))
-
-    out: dict[str, list[float] | None] = {}
-    for name, (a, b) in pairs.items():
-        ra, rb = rounds(a), rounds(b)
-        if ra is None or rb is None or len(ra) == len(rb) == 1:
-            out[name] = None
-            continue
-        ra, rb = ra * (len(rb) if len(ra) == 1 else 1), rb * (len(ra) if len(rb) == 1 else 1)
-        values = [x / y for x, y in zip(ra, rb, strict=True)]
-        out[name] = [min(values), max(values)]
-    return out
-
-
-def verdict(value: float | None, target: float | None, span: list[float] | None) -> str:
-    """The verdict, "met" or "MISSED" by the ratio of the sums, ", within noise" added where its round-by-round range
-    straddles the target (some rounds meet it, others miss it): this run alone does not decide it. "" where there is
-    no target or no value."""
-    if target is None or value is None:
-        return ""
-    said = "met" if value >= target else "MISSED"
-    return f"{said}, within noise" if span is not None and span[0] < target <= span[1] else said
 
 
 def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | None],
