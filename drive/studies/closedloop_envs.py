@@ -148,6 +148,20 @@ def gym_loop(which: str, episodes: Episodes, limit: int) -> tuple[int, float, fl
         env.close()
 
 
+Bare = Callable[[], dict[str, tuple[int, float, float]]]  # our env on both streams: (steps, wall s, CPU s) each
+
+
+def bare_env(cfg: EnvRowsConfig) -> Bare:
+    """What each loop row of `drive bench closedloop` is divided by: our env on `cfg.steps` random actions and on the
+    expert's laps (the `renderer` and `renderer_driving` rows' streams), measured again right beside that loop row
+    (drive/studies/closedloop_loops.py), so that a ratio's two sides meet the same state of a shared machine, not
+    ones minutes apart (CPU time per step drifts by 2x in minutes, seen)."""
+    limit = cfg.max_episode_steps
+    streams = {"renderer": random_episodes(cfg.steps, cfg.first_seed, cfg.first_seed, limit),
+               "renderer_driving": expert_episodes(cfg.expert, cfg.steps, cfg.first_seed, limit)}  # fmt: skip
+    return lambda: {key: gym_loop("renderer", episodes, limit) for key, episodes in streams.items()}
+
+
 # run by --envpool-python: one env on one thread, the actions from stdin; prints one JSON line
 ENVPOOL_SCRIPT = """
 import json, sys, time

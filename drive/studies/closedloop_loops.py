@@ -1,7 +1,8 @@
 """The loop rows of `drive bench closedloop`: `drive collect` on 1 and 2 workers and `drive eval` of a trained
 controller with K cars per process, each a whole run of the command's own function (pool start-up, policy building,
-shards written), timed in CPU and wall seconds; the bare-env rows they are divided by are in
-drive/studies/closedloop_envs.py.
+shards written), timed in CPU and wall seconds. What they are divided by, our bare env on random actions and on the
+expert's laps (drive/studies/closedloop_envs.py `bare_env`), is measured again beside each 1-worker row: in each
+collect round, in the same alternation, and just before and after each eval run (`detail["beside"]`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from drive.loop.options import CollectOptions, EvalOptions
-from drive.studies.closedloop_envs import Row, timed
+from drive.studies.closedloop_envs import Bare, Row, timed
 
 
 class LoopRowsConfig(Protocol):
@@ -42,20 +43,33 @@ def collect_run(cfg: LoopRowsConfig, workers: int, envs: int = 0) -> tuple[int, 
         return timed(lambda: collect(options, recorder_for).frames)
 
 
-def collect_rows(cfg: LoopRowsConfig) -> dict[str, Row]:
+def collect_rows(cfg: LoopRowsConfig, bare: Bare | None = None) -> dict[str, Row]:
     """The 1-worker collect runs, `--envs 0` (collect1) and each K of `collect_envs` (collect1_kK), in `--rounds`
     rounds of alternating order, summed, each round's rate kept: a run is a few CPU-seconds, which one disturbance
-    of a shared machine would decide alone."""
+    of a shared machine would decide alone. With `bare`, our env is measured in each round too, in the same
+    alternation (`beside`: what the rows' ratios divide by)."""
     plan = {"collect1": 0, **{f"collect1_k{k}": k for k in cfg.collect_envs}}
     runs: dict[str, list[tuple[int, float, float]]] = {key: [] for key in plan}
+    besides: list[dict[str, tuple[int, float, float]]] = []
     for r in range(cfg.rounds):
-        for key in list(plan)[:: 1 if r % 2 == 0 else -1]:
-            runs[key].append(collect_run(cfg, 1, plan[key]))
+        for key in [*plan, *(["bare"] if bare else [])][:: 1 if r % 2 == 0 else -1]:
+            if key == "bare":
+                besides.append(bare())  # type: ignore[misc]
+            else:
+                runs[key].append(collect_run(cfg, 1, plan[key]))
     return {key: Row(f"collect {cfg.expert}, 1 worker" + (f", {plan[key]} cars" if plan[key] else ""),
                      sum(n for n, _, _ in done), sum(w for _, w, _ in done), sum(c for _, _, c in done),
                      detail={"episodes": cfg.episodes, "workers": 1, "envs": plan[key],
-                             "per_round_steps_per_cpu_s": [n / c for n, _, c in done]})
+                             "per_round_steps_per_cpu_s": [n / c for n, _, c in done], **beside(besides)})
             for key, done in runs.items()}  # fmt: skip
+
+
+def beside(besides: list[dict[str, tuple[int, float, float]]]) -> dict[str, dict[str, list[list[float]]]]:
+    """A loop row's `detail["beside"]`: per env row (renderer, renderer_driving), [steps, CPU s] of each measurement
+    of our env taken beside the row (one per round; an eval row's before and after it); {} without any."""
+    if not besides:
+        return {}
+    return {"beside": {key: [[float(m[key][0]), m[key][2]] for m in besides] for key in besides[0]}}
 
 
 def collect2_row(cfg: LoopRowsConfig) -> Row:
@@ -70,7 +84,9 @@ def warm_up_loops(cfg: LoopRowsConfig) -> float:
     return collect_run(tiny, 1)[2] + eval_row(tiny, 1, 1).cpu_s
 
 
-def eval_row(cfg: LoopRowsConfig, k: int, workers: int) -> Row:
+def eval_row(cfg: LoopRowsConfig, k: int, workers: int, bare: Bare | None = None) -> Row:
+    """One `drive eval --envs K` run on `workers` workers; with `bare`, our env measured just before and just after it
+    (`beside`)."""
     from drive.loop.evaluate import evaluate
 
     label = f"eval S={cfg.samples}, K={k} cars, {workers} worker{'s' * (workers > 1)}"
@@ -78,5 +94,8 @@ def eval_row(cfg: LoopRowsConfig, k: int, workers: int) -> Row:
     options = EvalOptions(policy=cfg.policy, seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}", workers=workers,  # type: ignore[call-arg]
                           samples=cfg.samples, max_episode_steps=cfg.eval_max_episode_steps, progress=False,
                           envs=k, failure_horizon=0)  # fmt: skip
+    before = [bare()] if bare else []
     steps, wall, cpu = timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
-    return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers})
+    after = [bare()] if bare else []
+    return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers,
+                                                **beside(before + after)})  # fmt: skip

@@ -1,5 +1,12 @@
 """The ratios of `drive bench closedloop` (drive/commands/bench/closedloop.py) from its rows: per-core ratios with the
-issue's targets, the range each spans round by round, and the verdict that range allows."""
+issue's targets, the range each spans round by round, and the verdict that range allows.
+
+A loop row (collect, eval) is divided by our env as measured beside it (`detail["beside"]`, from
+drive/studies/closedloop_envs.py's `bare_env`: in each collect round, and just before and after each eval run),
+where the run has that measurement; otherwise by the env row of the same stream, measured minutes earlier.
+`renderer_driving_over_renderer` is the ceiling of every loop ratio against random actions: what the expert's laps
+cost our env per step against random actions, so what collect or eval could reach there with a free controller.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,18 @@ TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_be
 
 def _rate(rows: dict[str, Row], key: str, field: str = "steps_per_cpu_s") -> float | None:
     return getattr(rows[key], field) if key in rows else None
+
+
+def _beside(rows: dict[str, Row], loop: str, env: str) -> list[list[float]] | None:
+    """[steps, CPU s] of each measurement of our env's stream `env` taken beside loop row `loop`, or None."""
+    row = rows.get(loop)
+    return None if row is None or row.skipped else row.detail.get("beside", {}).get(env) or None
+
+
+def _env_rate(rows: dict[str, Row], loop: str, env: str) -> float | None:
+    """Steps per CPU-s of our env on stream `env`: measured beside row `loop` where it was, else the env row."""
+    got = _beside(rows, loop, env)
+    return sum(n for n, _ in got) / sum(c for _, c in got) if got else _rate(rows, env)
 
 
 def _over(a: float | None, b: float | None) -> float | None:
@@ -33,32 +52,48 @@ def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | No
     return {
         "renderer_over_envpool": _over(per_cpu["renderer"], per_cpu["envpool"]),
         "renderer_over_stock": _over(per_cpu["renderer"], per_cpu["stock"]),
-        "collect1_over_renderer": _over(per_cpu["collect1"], per_cpu["renderer"]),
-        "eval_best_over_renderer": _over(per_cpu.get(best_key), per_cpu["renderer"]),
+        "collect1_over_renderer": _over(per_cpu["collect1"], _env_rate(rows, "collect1", "renderer")),
+        "eval_best_over_renderer": _over(per_cpu.get(best_key), _env_rate(rows, best_key, "renderer")),
         "collect2_over_collect1": _over(wall["collect2"], wall["collect1"]),
         # like for like: the bare env on the expert's laps (collect drives those very laps, eval similar ones)
         "renderer_over_envpool_driving": _over(per_cpu["renderer_driving"], per_cpu["envpool_driving"]),
+        # the ceiling of the loops against random actions: the expert's laps over random actions in our env
+        "renderer_driving_over_renderer": _over(per_cpu["renderer_driving"], per_cpu["renderer"]),
         # the floor: our physics, reward and state without a frame, against EnvPool's whole step
         "state_over_envpool_driving": _over(per_cpu["state_driving"], per_cpu["envpool_driving"]),
-        "collect1_over_renderer_driving": _over(per_cpu["collect1"], per_cpu["renderer_driving"]),
+        "collect1_over_renderer_driving": _over(per_cpu["collect1"], _env_rate(rows, "collect1", "renderer_driving")),
         **{f"{key}_over_collect1": _over(per_cpu[key], per_cpu["collect1"]) for key in collect_ks},
-        "eval_best_over_renderer_driving": _over(per_cpu.get(best_key), per_cpu["renderer_driving"]),
+        "eval_best_over_renderer_driving": _over(per_cpu.get(best_key), _env_rate(rows, best_key, "renderer_driving")),
         # parallel efficiency: 1.0 when the second worker costs no extra CPU per step (start-up, contention)
         "collect2_over_collect1_per_cpu": _over(per_cpu["collect2"], per_cpu["collect1"]),
         "eval2_over_eval_best": _over(wall["eval2"], wall.get(best_key)),
     }
 
 
+def network_ceiling(rows: dict[str, Row], ks: tuple[int, ...], calls: dict[str, float] | str) -> float | None:
+    """What eval at its best K could reach against our env on the laps were nothing but the env step and the
+    controller call's back-to-back cost spent per car-step (drive/studies/controller_calls.py): env / (env + call /
+    K), in CPU time per step. Below a target, the network's own arithmetic stops that target, whatever else is cut."""
+    best = best_eval(rows, ks)
+    laps = _env_rate(rows, f"eval_k{best}", "renderer_driving") if best is not None else None
+    call_ms = calls.get("back_to_back") if isinstance(calls, dict) else None
+    if best is None or not laps or not call_ms:
+        return None
+    env_us, call_us = 1e6 / laps, call_ms * 1e3 / best
+    return env_us / (env_us + call_us)
+
+
 def round_ranges(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, list[float] | None]:
     """[min, max] over the rounds of each per-core ratio that has rounds: two rows with rounds paired round by round
-    (each round runs every env back to back, and the 1-worker collect rows likewise), an eval row (run once)
-    against each round of its env row. The ratio of the sums lies in between; a range that straddles a target says
-    this machine's drift, not the code, decided that verdict. None where neither row has rounds or one is
-    missing."""
+    (each round runs every env back to back; the 1-worker collect rows and our env beside them likewise), an eval
+    row (run once) against each measurement of its env (beside it, before and after, or the env row's rounds). The
+    ratio of the sums lies in between; a range that straddles a target says this machine's drift, not the code,
+    decided that verdict. None where neither side has rounds or one is missing."""
     best = f"eval_k{best_eval(rows, ks)}"
     pairs = {"renderer_over_envpool": ("renderer", "envpool"), "renderer_over_stock": ("renderer", "stock"),
              "collect1_over_renderer": ("collect1", "renderer"), "eval_best_over_renderer": (best, "renderer"),
              "renderer_over_envpool_driving": ("renderer_driving", "envpool_driving"),
+             "renderer_driving_over_renderer": ("renderer_driving", "renderer"),
              "state_over_envpool_driving": ("state_driving", "envpool_driving"),
              "collect1_over_renderer_driving": ("collect1", "renderer_driving"),
              "eval_best_over_renderer_driving": (best, "renderer_driving"),
@@ -72,7 +107,8 @@ def round_ranges(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, list[fl
 
     out: dict[str, list[float] | None] = {}
     for name, (a, b) in pairs.items():
-        ra, rb = rounds(a), rounds(b)
+        near = _beside(rows, a, b)
+        ra, rb = rounds(a), [n / c for n, c in near] if near else rounds(b)
         if ra is None or rb is None or len(ra) == len(rb) == 1:
             out[name] = None
             continue

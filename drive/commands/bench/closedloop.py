@@ -24,11 +24,16 @@ part alone (eval at the largest `--envs`), about a minute.
 Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
 threads included): what a step costs, whatever else runs. Wall-clock rates are printed beside them and the 2-worker
 ratio is a wall one (on a shared machine they measure the neighbours: the load average is recorded). The collect
-and eval ratios are given against both env rows: the random one (the issue's figure) and the driving one (like for
-like: collect drives exactly the replayed laps, eval the same tracks). Beside each per-core ratio the range it
-spans round by round (`round_ranges`): where that range straddles a target, the machine's drift decided the verdict,
-which then reads "met, within noise" or "MISSED, within noise" (`verdict`; also in the JSON); both, with the ratios
-and targets, in drive/studies/closedloop_ratios.py. A benchmark.
+and eval ratios are given against both streams of our env: random actions (the issue's figure) and the expert's laps
+(like for like: collect drives exactly the replayed laps, eval the same tracks), each measured again beside the loop
+row it divides (in each collect round, just before and after each 1-worker eval run: `bare_env`), since CPU time per
+step drifts on a shared machine between rows minutes apart; the table prints those rates beside each row. Two
+ceilings follow the ratios: the laps' rate over random actions' in our env (no loop that drives the laps can exceed
+it against random actions) and eval's rate were only the env step and the controller call's back-to-back share
+spent. Beside each per-core ratio the range it spans round by round (`round_ranges`): where that range straddles a
+target, the machine's drift decided the verdict, which then reads "met, within noise" or "MISSED, within noise"
+(`verdict`; also in the JSON); both, with the ratios, ceilings and targets, in drive/studies/closedloop_ratios.py.
+A benchmark.
 """
 
 from __future__ import annotations
@@ -46,9 +51,9 @@ from datasets.root import portable
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER
 from drive.options import NonNegativeInt, PositiveInt
-from drive.studies.closedloop_envs import Row, measure_envs, warm_up
+from drive.studies.closedloop_envs import Row, bare_env, measure_envs, warm_up
 from drive.studies.closedloop_loops import collect2_row, collect_rows, eval_row, warm_up_loops
-from drive.studies.closedloop_ratios import TARGETS, best_eval, ratios_of, round_ranges, verdict
+from drive.studies.closedloop_ratios import TARGETS, best_eval, network_ceiling, ratios_of, round_ranges, verdict
 from drive.studies.loop_stages import timed_stages
 
 
@@ -115,14 +120,16 @@ def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | N
     from rich.table import Table
 
     table = Table(title="closed loop: steps per CPU-second (per core) and per second")
-    for col in ("loop", "steps", "steps/CPU-s", "CPU s", "steps/s", "wall s"):
+    for col in ("loop", "steps", "steps/CPU-s", "CPU s", "steps/s", "wall s", "our env beside it: random / laps"):
         table.add_column(col, justify="left" if col == "loop" else "right")
     for row in rows.values():
         if row.skipped:
-            table.add_row(row.label, "-", row.skipped, "", "", "")
+            table.add_row(row.label, "-", row.skipped, "", "", "", "")
             continue
+        near = row.detail.get("beside", {})
+        rates = [sum(n for n, _ in near[key]) / sum(c for _, c in near[key]) for key in near]
         table.add_row(row.label, str(row.steps), f"{row.steps_per_cpu_s:.0f}", f"{row.cpu_s:.1f}",
-                      f"{row.steps_per_s:.0f}", f"{row.wall_s:.1f}")  # fmt: skip
+                      f"{row.steps_per_s:.0f}", f"{row.wall_s:.1f}", " / ".join(f"{r:.0f}" for r in rates))  # fmt: skip
     console.print(table)
     checks = Table(title="ratios (per core; the 2-worker ones wall-clock)")
     for col in ("ratio", "measured", "round by round", "target", ""):
@@ -133,6 +140,19 @@ def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | N
         spread = "" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
         checks.add_row(key, shown, spread, "-" if target is None else f">= {target}x", verdict(value, target, span))
     console.print(checks)
+
+
+def print_ceilings(console: Any, ratios: dict[str, float | None], ceiling: float | None, best: int | None) -> None:
+    """The two ceilings under the targets (drive/studies/closedloop_ratios.py): the laps' frames against random ones,
+    and eval with nothing but the env step and the network's back-to-back call."""
+    laps = ratios.get("renderer_driving_over_renderer")
+    if laps is not None:
+        console.print(f"ceiling against random actions: our env steps the expert's laps at {laps:.2f}x its rate on "
+                      f"random actions, so no loop that drives the laps (collect, eval) can exceed {laps:.2f}x there, "
+                      f"whatever its controller costs")  # fmt: skip
+    if ceiling is not None:
+        console.print(f"ceiling of eval at K={best} on the laps: {ceiling:.2f}x our env, were nothing spent per "
+                      f"car-step but the env step and the controller call's back-to-back share")  # fmt: skip
 
 
 def run(cfg: Config) -> int:
@@ -160,11 +180,12 @@ def run(cfg: Config) -> int:
     if cfg.stages_only:
         return _stages_only(cfg, console, start_up, load_before)
     rows: dict[str, Row] = dict(measure_envs(cfg, console))
+    bare = bare_env(cfg)  # our env again beside each 1-worker loop row: what its ratios divide by
     # each ratio's two rows run back to back: on a shared machine even CPU time per step drifts (2x in minutes, seen)
     plan: list[tuple[str, Callable[[], dict[str, Row]]]] = [
-        ("collect1", lambda: collect_rows(cfg)),
+        ("collect1", lambda: collect_rows(cfg, bare)),
         ("collect2", lambda: {"collect2": collect2_row(cfg)}),
-        *[(f"eval_k{k}", lambda k=k: {f"eval_k{k}": eval_row(cfg, k, 1)}) for k in cfg.envs],  # type: ignore[misc]
+        *[(f"eval_k{k}", lambda k=k: {f"eval_k{k}": eval_row(cfg, k, 1, bare)}) for k in cfg.envs],  # type: ignore[misc]
     ]
     for key, measure in plan:
         with console.status(f"measuring {key} ..."):
@@ -182,13 +203,16 @@ def run(cfg: Config) -> int:
     ratios, ranges = ratios_of(rows, cfg.envs), round_ranges(rows, cfg.envs)
     print_tables(console, rows, ratios, ranges)
     calls = controller_calls(cfg, best, console)
+    ceiling = network_ceiling(rows, cfg.envs, calls)
+    print_ceilings(console, ratios, ceiling, best)
     stages = timed_stages(cfg, best, console) if cfg.stages and best is not None else None
     machine = _machine(load_before)
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
     results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios,
                "ratio_round_ranges": ranges, "targets": TARGETS,
                "verdicts": {key: verdict(ratios[key], target, ranges.get(key)) for key, target in TARGETS.items()},
-               "best_envs": best, "met": met, "start_up": start_up, "controller_call_cpu_ms": calls,
+               "best_envs": best, "met": met, "eval_network_ceiling": ceiling, "start_up": start_up,
+               "controller_call_cpu_ms": calls,
                "loop_stages": stages,
                "config": _config(cfg),
                "machine": machine}  # fmt: skip

@@ -51,6 +51,13 @@ def test_tiny_run_has_every_row_and_ratio_and_skips_a_missing_envpool(tmp_path, 
     assert len(results["rows"]["collect1"]["detail"]["per_round_steps_per_cpu_s"]) == 2
     assert results["rows"]["collect1_k4"]["detail"]["envs"] == 4 and results["ratios"]["collect1_k4_over_collect1"]
     assert results["rows"]["eval_k1"]["steps"] == 6 and results["rows"]["eval2"]["steps"] == 12
+    # our env measured again beside each 1-worker loop row: once per collect round, before and after each eval run
+    for key, n in (("collect1", 2), ("collect1_k4", 2), ("eval_k1", 2), ("eval_k2", 2)):
+        near = results["rows"][key]["detail"]["beside"]
+        assert set(near) == {"renderer", "renderer_driving"} and all(len(m) == n for m in near.values()), key
+        assert near["renderer"][0][0] == 8 and all(c > 0 for m in near.values() for _, c in m), key
+    assert "beside" not in results["rows"]["eval2"]["detail"]  # a wall-clock ratio against eval's best K
+    assert 0 < results["eval_network_ceiling"] < 1 and results["ratios"]["renderer_driving_over_renderer"] > 0
     assert results["best_envs"] in (1, 2) and results["rows"]["eval2"]["detail"]["envs"] == results["best_envs"]
     assert set(results["ratios"]) >= set(closedloop.TARGETS) and set(results["met"]) == set(closedloop.TARGETS)
     assert set(results["verdicts"]) == set(closedloop.TARGETS)
@@ -176,6 +183,36 @@ def test_round_ranges_bracket_each_ratio_and_pair_env_rows_by_round():
     for key, span in ranges.items():
         if span is not None:
             assert span[0] <= ratios[key] + 1e-12 and ratios[key] <= span[1] + 1e-12, key
+
+
+def test_loop_ratios_divide_by_our_env_measured_beside_them():
+    """A loop row with `beside` measurements is divided by them (summed), its rounds paired with theirs; without,
+    by the env row; the network ceiling is env / (env + call / K) on the laps beside the best eval row."""
+    from drive.studies.closedloop_envs import Row
+
+    def env(label: str, cpu: list[float]) -> Row:  # 100 steps per round
+        return Row(
+            label, 100 * len(cpu), sum(cpu), sum(cpu), detail={"per_round_steps_per_cpu_s": [100 / c for c in cpu]}
+        )
+
+    near = {"renderer": [[100, 0.1], [100, 0.2]], "renderer_driving": [[100, 0.2], [100, 0.2]]}
+    rows = {"stock": env("s", [1.0]), "renderer": env("r", [0.5]), "envpool": env("e", [0.1]),
+            "stock_driving": env("sd", [1.0]), "renderer_driving": env("rd", [0.5]),
+            "envpool_driving": env("ed", [0.1]), "state_driving": env("st", [0.01]),
+            "collect1": Row("c1", 200, 0.6, 0.6, detail={"per_round_steps_per_cpu_s": [400.0, 250.0], "beside": near}),
+            "collect2": Row("c2", 200, 0.3, 0.6), "eval_k4": Row("e4", 100, 0.5, 0.5, detail={"beside": near}),
+            "eval2": Row("e2", 200, 0.5, 1.0)}  # fmt: skip
+    ratios, ranges = closedloop.ratios_of(rows, (4,)), closedloop.round_ranges(rows, (4,))
+    assert ratios["collect1_over_renderer"] == pytest.approx((200 / 0.6) / (200 / 0.3))  # beside: 200 steps, 0.3 s
+    assert ranges["collect1_over_renderer"] == pytest.approx([0.4, 0.5])  # 400 / 1000, 250 / 500, round by round
+    assert ratios["eval_best_over_renderer_driving"] == pytest.approx(200 / 500)
+    assert ranges["eval_best_over_renderer_driving"] == pytest.approx([0.4, 0.4])  # before and after, both 500
+    assert ratios["renderer_driving_over_renderer"] == pytest.approx(1.0)  # the env rows, not a loop's beside
+    del rows["eval_k4"].detail["beside"]
+    assert closedloop.ratios_of(rows, (4,))["eval_best_over_renderer"] == pytest.approx(200 / 200)  # the env row
+    rows["eval_k4"].detail["beside"] = near  # laps beside it: 500 steps/CPU-s, 2000 us a step
+    assert closedloop.network_ceiling(rows, (4,), {"back_to_back": 2.0}) == pytest.approx(2000 / (2000 + 500))
+    assert closedloop.network_ceiling(rows, (4,), "not measured") is None
 
 
 def test_a_verdict_is_within_noise_only_where_the_rounds_straddle_the_target():
