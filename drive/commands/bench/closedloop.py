@@ -155,6 +155,33 @@ def print_ceilings(console: Any, ratios: dict[str, float | None], ceiling: float
                       f"car-step but the env step and the controller call's back-to-back share")  # fmt: skip
 
 
+def measure_loops(cfg: Config, console: Any) -> dict[str, Row]:
+    """The collect and eval rows, each 1-worker row with our env measured beside it (`bare_env`), then eval's best K
+    on 2 workers."""
+    rows: dict[str, Row] = {}
+    bare = bare_env(cfg)  # our env again beside each 1-worker loop row: what its ratios divide by
+    # each ratio's two rows run back to back: on a shared machine even CPU time per step drifts (2x in minutes, seen)
+    plan: list[tuple[str, Callable[[], dict[str, Row]]]] = [
+        ("collect1", lambda: collect_rows(cfg, bare)),
+        ("collect2", lambda: {"collect2": collect2_row(cfg)}),
+        *[(f"eval_k{k}", lambda k=k: {f"eval_k{k}": eval_row(cfg, k, 1, bare)}) for k in cfg.envs],  # type: ignore[misc]
+    ]
+    for key, measure in plan:
+        with console.status(f"measuring {key} ..."):
+            measured = measure()
+        rows.update(measured)
+        for row in measured.values():
+            console.print(f"{row.label}: " + (row.skipped or f"{row.steps_per_cpu_s:.0f} steps per CPU-s, "
+                                                              f"{row.steps_per_s:.0f} steps/s"))  # fmt: skip
+    best = best_eval(rows, cfg.envs)
+    if best is None:
+        rows["eval2"] = Row("eval, best K, 2 workers", skipped="not available: no eval row was measured")
+    else:
+        with console.status("measuring eval2 ..."):
+            rows["eval2"] = eval_row(cfg, best, 2)
+    return rows
+
+
 def run(cfg: Config) -> int:
     import cv2
     import torch
@@ -179,27 +206,8 @@ def run(cfg: Config) -> int:
                   f"{start_up['loops_cpu_s']:.1f} CPU-s (collect and eval: imports, checkpoints)")  # fmt: skip
     if cfg.stages_only:
         return _stages_only(cfg, console, start_up, load_before)
-    rows: dict[str, Row] = dict(measure_envs(cfg, console))
-    bare = bare_env(cfg)  # our env again beside each 1-worker loop row: what its ratios divide by
-    # each ratio's two rows run back to back: on a shared machine even CPU time per step drifts (2x in minutes, seen)
-    plan: list[tuple[str, Callable[[], dict[str, Row]]]] = [
-        ("collect1", lambda: collect_rows(cfg, bare)),
-        ("collect2", lambda: {"collect2": collect2_row(cfg)}),
-        *[(f"eval_k{k}", lambda k=k: {f"eval_k{k}": eval_row(cfg, k, 1, bare)}) for k in cfg.envs],  # type: ignore[misc]
-    ]
-    for key, measure in plan:
-        with console.status(f"measuring {key} ..."):
-            measured = measure()
-        rows.update(measured)
-        for row in measured.values():
-            console.print(f"{row.label}: " + (row.skipped or f"{row.steps_per_cpu_s:.0f} steps per CPU-s, "
-                                                              f"{row.steps_per_s:.0f} steps/s"))  # fmt: skip
+    rows: dict[str, Row] = {**measure_envs(cfg, console), **measure_loops(cfg, console)}
     best = best_eval(rows, cfg.envs)
-    if best is None:
-        rows["eval2"] = Row("eval, best K, 2 workers", skipped="not available: no eval row was measured")
-    else:
-        with console.status("measuring eval2 ..."):
-            rows["eval2"] = eval_row(cfg, best, 2)
     ratios, ranges = ratios_of(rows, cfg.envs), round_ranges(rows, cfg.envs)
     print_tables(console, rows, ratios, ranges)
     calls = controller_calls(cfg, best, console)
