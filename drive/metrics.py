@@ -24,11 +24,16 @@ Definitions (stated because the literature uses several):
   z = Phi^-1((1 + level)/2), and the mean width 2*z*sigma of that interval.
 - auroc(score_in, score_out): probability that an out-of-distribution (perturbed) input gets a higher uncertainty
   score than an in-distribution one, ties counted one half (Mann-Whitney U / (n_in * n_out)).
+- average_precision(positive, negative): sklearn's average_precision_score (AUPRC), reproduced without sklearn.
+- bootstrap(statistic, sizes): a percentile interval over resamples with replacement, strata resampled apart (the
+  misbehaviour protocol's episodes, drive/studies/protocol.py).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -154,6 +159,34 @@ def auroc(score_in: Any, score_out: Any) -> float:
     ranks = stats.rankdata(np.concatenate([s_in, s_out]))  # average ranks: ties count one half
     u = ranks[s_in.size :].sum() - s_out.size * (s_out.size + 1) / 2
     return float(u / (s_in.size * s_out.size))
+
+
+def average_precision(positive: np.ndarray, negative: np.ndarray) -> float:
+    """sklearn's average_precision_score: sum_n (R_n - R_{n-1}) P_n over the distinct scores, highest first."""
+    scores = np.concatenate([positive, negative])
+    labels = np.concatenate([np.ones(len(positive)), np.zeros(len(negative))])
+    order = np.argsort(-scores, kind="mergesort")
+    scores, labels = scores[order], labels[order]
+    last = np.r_[np.flatnonzero(np.diff(scores)), len(scores) - 1]  # the last index of each run of tied scores
+    tps = np.cumsum(labels)[last]
+    precision, recall = tps / (last + 1), tps / tps[-1]
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+# -- bootstrap intervals -----------------------------------------------------------------------------------------------
+def bootstrap(statistic: Callable[..., Any], sizes: Sequence[int], n_boot: int = 1000, seed: int = 0,
+              level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Percentile interval of `statistic(*indices)` over n_boot resamples: per stratum s an index array of sizes[s]
+    units drawn with replacement from range(sizes[s]) (strata resampled apart). NaN replicates are left out."""
+    if n_boot < 1 or any(n < 1 for n in sizes):
+        raise ValueError(f"bootstrap needs n_boot >= 1 and a unit in every stratum, got {n_boot}, {list(sizes)}")
+    rng = np.random.default_rng(seed)
+    reps = np.stack([np.asarray(statistic(*(rng.integers(0, n, n) for n in sizes)), np.float64) for _ in range(n_boot)])
+    tail = 100 * (1 - level) / 2
+    with warnings.catch_warnings():  # a figure NaN in every replicate (no misbehaviour at all) stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        low, high = np.nanpercentile(reps, [tail, 100 - tail], axis=0)
+    return low, high
 
 
 # -- uncertainty decomposition -----------------------------------------------------------------------------------------

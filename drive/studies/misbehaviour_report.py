@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from drive import metrics
 from drive.loop.failures import SIGNALS
 from drive.studies import protocol
 from drive.studies.over_seeds import interval, welch
@@ -125,7 +126,7 @@ def _interval(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: in
     value = stat(np.arange(n))
     if n == 0:
         return {"value": math.nan, "low": math.nan, "high": math.nan}
-    low, high = protocol.bootstrap(lambda idx: np.array(stat(idx)), (n,), n_boot, seed)
+    low, high = metrics.bootstrap(lambda idx: np.array(stat(idx)), (n,), n_boot, seed)
     return {"value": float(value), "low": float(low), "high": float(high)}
 
 

@@ -37,20 +37,21 @@ flag and optionally a busy mask (T,) of steps inside a misbehaviour (default: on
   10 TP / (10 TP + 9 FN + FP), the same number (divide by 10). A ratio with a zero denominator is NaN (their code
   prints "undefined" and writes 0 for every figure when TP = 0; we keep FPR and the rest where they are defined).
 - Beyond their code: AUROC and AUPRC over windows (misbehaviour windows positive, nominal windows negative; AUROC as
-  drive.metrics.auroc = sklearn roc_auc_score, AUPRC as sklearn average_precision_score, both reproduced without
-  sklearn); the median lead time: per misbehaviour the first step of the horizon [o - H, o) (H = 3 s, busy steps
-  skipped) whose raw score reaches t, lead = (o - step) / fps s, median over misbehaviours with a crossing.
+  drive.metrics.auroc = sklearn roc_auc_score, AUPRC as drive.metrics.average_precision = sklearn's
+  average_precision_score, both reproduced without sklearn); the median lead time: per misbehaviour the first
+  step of the horizon [o - H, o) (H = 3 s, busy steps skipped) whose raw score reaches t, lead = (o - step) / fps
+  s, median over misbehaviours with a crossing.
 - 95 % intervals for every figure: a bootstrap over EPISODES, nominal and shifted episodes resampled separately
   with replacement (a replicate needs nominal runs to fit its threshold), the threshold refitted and every figure
-  recomputed; percentile interval [2.5, 97.5] over the B replicates (NaN replicates left out); numpy Generator(seed).
+  recomputed; percentile interval [2.5, 97.5] over the B replicates (NaN replicates left out), numpy
+  Generator(seed): drive.metrics.bootstrap.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from scipy import stats
@@ -218,22 +219,10 @@ def rates(tp: float, fn: float, fp: float, tn: float) -> tuple[float, float, flo
             _ratio(2 * tp, 2 * tp + fp + fn), _ratio(tp, tp + 0.1 * fp + 0.9 * fn))  # fmt: skip
 
 
-def average_precision(positive: np.ndarray, negative: np.ndarray) -> float:
-    """sklearn's average_precision_score: sum_n (R_n - R_{n-1}) P_n over the distinct scores, highest first."""
-    scores = np.concatenate([positive, negative])
-    labels = np.concatenate([np.ones(len(positive)), np.zeros(len(negative))])
-    order = np.argsort(-scores, kind="mergesort")
-    scores, labels = scores[order], labels[order]
-    last = np.r_[np.flatnonzero(np.diff(scores)), len(scores) - 1]  # the last index of each run of tied scores
-    tps = np.cumsum(labels)[last]
-    precision, recall = tps / (last + 1), tps / tps[-1]
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-
 def _ranking(positive: np.ndarray, negative: np.ndarray) -> tuple[float, float]:
     if len(positive) == 0 or len(negative) == 0:
         return float("nan"), float("nan")
-    return metrics.auroc(negative, positive), average_precision(positive, negative)
+    return metrics.auroc(negative, positive), metrics.average_precision(positive, negative)
 
 
 def lead_horizons(ep: Episode, cfg: ProtocolConfig) -> list[tuple[int, np.ndarray]]:
@@ -253,22 +242,6 @@ def lead_horizons(ep: Episode, cfg: ProtocolConfig) -> list[tuple[int, np.ndarra
 def median_lead_s(horizons: Sequence[tuple[int, np.ndarray]], threshold: float, fps: int) -> float:
     leads = [lead - int(np.searchsorted(run, threshold)) for lead, run in horizons if len(run) and run[-1] >= threshold]
     return float(np.median(leads)) / fps if leads else float("nan")
-
-
-# -- bootstrap over episodes -------------------------------------------------------------------------------------------
-def bootstrap(statistic: Callable[..., Any], sizes: Sequence[int], n_boot: int = 1000, seed: int = 0,
-              level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Percentile interval of `statistic(*indices)` over n_boot resamples: per stratum s an index array of sizes[s]
-    units drawn with replacement from range(sizes[s]) (strata resampled apart). NaN replicates are left out."""
-    if n_boot < 1 or any(n < 1 for n in sizes):
-        raise ValueError(f"bootstrap needs n_boot >= 1 and a unit in every stratum, got {n_boot}, {list(sizes)}")
-    rng = np.random.default_rng(seed)
-    reps = np.stack([np.asarray(statistic(*(rng.integers(0, n, n) for n in sizes)), np.float64) for _ in range(n_boot)])
-    tail = 100 * (1 - level) / 2
-    with warnings.catch_warnings():  # a figure NaN in every replicate (no misbehaviour at all) stays NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        low, high = np.nanpercentile(reps, [tail, 100 - tail], axis=0)
-    return low, high
 
 
 # -- the protocol ------------------------------------------------------------------------------------------------------
@@ -315,7 +288,7 @@ def evaluate(episodes: Sequence[Episode], cfg: ProtocolConfig = ProtocolConfig()
         return _figures(prep, nom, shift, levels, ttms, cfg)
 
     value = stat(np.arange(len(nominal)), np.arange(len(shifted)))
-    low, high = bootstrap(stat, (len(nominal), len(shifted)), n_boot, seed)
+    low, high = metrics.bootstrap(stat, (len(nominal), len(shifted)), n_boot, seed)
     rows = []
     for i, level in enumerate(levels):
         for j, ttm in enumerate(ttms):

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from drive.metrics import average_precision, bootstrap
 from drive.studies.protocol import (
     Episode,
     ProtocolConfig,
-    average_precision,
-    bootstrap,
     evaluate,
     fit_threshold,
     gamma_threshold,
