@@ -53,8 +53,8 @@ def collect_rows(cfg: LoopRowsConfig, bare: Bare | None = None) -> dict[str, Row
     besides: list[dict[str, tuple[int, float, float]]] = []
     for r in range(cfg.rounds):
         for key in [*plan, *(["bare"] if bare else [])][:: 1 if r % 2 == 0 else -1]:
-            if key == "bare":
-                besides.append(bare())  # type: ignore[misc]
+            if key == "bare" and bare is not None:
+                besides.append(bare())
             else:
                 runs[key].append(collect_run(cfg, 1, plan[key]))
     return {key: Row(f"collect {cfg.expert}, 1 worker" + (f", {plan[key]} cars" if plan[key] else ""),

@@ -27,10 +27,15 @@ def _beside(rows: dict[str, Row], loop: str, env: str) -> list[list[float]] | No
     return None if row is None or row.skipped else row.detail.get("beside", {}).get(env) or None
 
 
+def beside_rate(measurements: list[list[float]]) -> float:
+    """Steps per CPU-s of a row's `beside` measurements of one stream ([steps, CPU s] each), summed."""
+    return sum(n for n, _ in measurements) / sum(c for _, c in measurements)
+
+
 def _env_rate(rows: dict[str, Row], loop: str, env: str) -> float | None:
     """Steps per CPU-s of our env on stream `env`: measured beside row `loop` where it was, else the env row."""
     got = _beside(rows, loop, env)
-    return sum(n for n, _ in got) / sum(c for _, c in got) if got else _rate(rows, env)
+    return beside_rate(got) if got else _rate(rows, env)
 
 
 def _over(a: float | None, b: float | None) -> float | None:

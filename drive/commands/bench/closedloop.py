@@ -53,7 +53,15 @@ from drive.loop.options import SHIPPED_CONTROLLER
 from drive.options import NonNegativeInt, PositiveInt
 from drive.studies.closedloop_envs import Row, bare_env, measure_envs, warm_up
 from drive.studies.closedloop_loops import collect2_row, collect_rows, eval_row, warm_up_loops
-from drive.studies.closedloop_ratios import TARGETS, best_eval, network_ceiling, ratios_of, round_ranges, verdict
+from drive.studies.closedloop_ratios import (
+    TARGETS,
+    beside_rate,
+    best_eval,
+    network_ceiling,
+    ratios_of,
+    round_ranges,
+    verdict,
+)
 from drive.studies.loop_stages import timed_stages
 
 
@@ -126,8 +134,7 @@ def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | N
         if row.skipped:
             table.add_row(row.label, "-", row.skipped, "", "", "", "")
             continue
-        near = row.detail.get("beside", {})
-        rates = [sum(n for n, _ in near[key]) / sum(c for _, c in near[key]) for key in near]
+        rates = [beside_rate(near) for near in row.detail.get("beside", {}).values()]  # random, laps
         table.add_row(row.label, str(row.steps), f"{row.steps_per_cpu_s:.0f}", f"{row.cpu_s:.1f}",
                       f"{row.steps_per_s:.0f}", f"{row.wall_s:.1f}", " / ".join(f"{r:.0f}" for r in rates))  # fmt: skip
     console.print(table)
