@@ -1,4 +1,5 @@
-"""The Udacity simulator's telemetry and steer messages: parsing, validation, and the answers we send.
+"""The Udacity simulator's telemetry and steer messages: parsing, validation, the answers we send, and the raw
+packets the simulator itself writes and reads (`telemetry_packet`, `decode_packet`: sim_bridges/udacity_standin.py).
 
 Facts from the simulator's own source (udacity/self-driving-car-sim, Assets/1_SelfDrivingCar/Scripts/CommandServer.cs):
 - telemetry is `42["telemetry",{"steering_angle":S,"throttle":T,"speed":V,"image":B64}]`, every value a string written
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -173,3 +175,23 @@ def encode_jpeg(rgb: np.ndarray, quality: int = 75) -> bytes:
     if not ok:
         raise ValueError(f"cannot encode a {rgb.shape} frame as JPEG")
     return buf.tobytes()
+
+
+def telemetry_packet(fields: dict[str, str] | None) -> str:
+    """The simulator's exact bytes: JSONObject(Dictionary<string,string>) with no spaces, or `{}`."""
+    if not fields:
+        return '42["telemetry",{}]'
+    body = ",".join(f'"{k}":"{v}"' for k, v in fields.items())
+    return f'42["telemetry",{{{body}}}]'
+
+
+def decode_packet(text: str):
+    """The simulator's Decoder.cs, for the packets the stand-in acts on: (engine type, socket type, json or None)."""
+    engine = int(text[0])
+    socket_type = int(text[1]) if engine == 4 and len(text) > 1 else None
+    rest = text[2:] if engine == 4 else text[1:]
+    if rest.startswith("/"):
+        rest = rest.split(",", 1)[1] if "," in rest else ""
+    while rest[:1].isdigit():  # an ack id
+        rest = rest[1:]
+    return engine, socket_type, (json.loads(rest) if rest else None)

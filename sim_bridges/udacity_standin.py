@@ -18,7 +18,6 @@ over CarRacing); a source has `telemetry() -> fields`, `apply(steering, throttle
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 
 import simple_websocket
 
-from sim_bridges.udacity_protocol import csharp_float_parse
+from sim_bridges.udacity_protocol import csharp_float_parse, decode_packet, telemetry_packet
 from sim_bridges.udacity_sources import malformed_packet
 
 log = logging.getLogger(__name__)
@@ -83,26 +82,6 @@ class StandInReport:
     @property
     def answers(self) -> int:
         return self.steer_answers + self.manual_answers
-
-
-def telemetry_packet(fields: dict[str, str] | None) -> str:
-    """The simulator's exact bytes: JSONObject(Dictionary<string,string>) with no spaces, or `{}`."""
-    if not fields:
-        return '42["telemetry",{}]'
-    body = ",".join(f'"{k}":"{v}"' for k, v in fields.items())
-    return f'42["telemetry",{{{body}}}]'
-
-
-def _decode(text: str):
-    """Decoder.cs, for the packets we act on: (engine type, socket type, json or None)."""
-    engine = int(text[0])
-    socket_type = int(text[1]) if engine == 4 and len(text) > 1 else None
-    rest = text[2:] if engine == 4 else text[1:]
-    if rest.startswith("/"):
-        rest = rest.split(",", 1)[1] if "," in rest else ""
-    while rest[:1].isdigit():  # an ack id
-        rest = rest[1:]
-    return engine, socket_type, (json.loads(rest) if rest else None)
 
 
 class StandIn:
@@ -204,7 +183,7 @@ class StandIn:
 
     def _on_message(self, text: str) -> None:
         try:
-            engine, socket_type, payload = _decode(text)
+            engine, socket_type, payload = decode_packet(text)
         except (ValueError, IndexError) as exc:
             log.debug("stand-in cannot decode %r: %s", text[:60], exc)
             return

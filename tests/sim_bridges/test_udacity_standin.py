@@ -16,9 +16,9 @@ from drive.cli import main
 from drive.commands.udacity.drive import Config
 from drive.loop.udacity import VISION_PRESETS, SpeedController
 from sim_bridges.udacity import UdacityEnv, UdacityServer
-from sim_bridges.udacity_protocol import MAX_STEER_DEG
+from sim_bridges.udacity_protocol import MAX_STEER_DEG, telemetry_packet
 from sim_bridges.udacity_sources import CarRacingSource, ReplaySource, carracing_camera, read_driving_log
-from sim_bridges.udacity_standin import StandIn, StandInConfig, telemetry_packet
+from sim_bridges.udacity_standin import StandIn, StandInConfig
 from tests.sim_bridges.test_udacity_bridge import (
     FAST_PINGS,
     assert_all_answered,
