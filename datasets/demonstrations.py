@@ -106,8 +106,13 @@ def write_manifest(
 def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
     """Parse and check manifest.json; a clear error naming the file on anything wrong."""
     path = Path(root) / MANIFEST
+    if not Path(root).exists():
+        raise DemonstrationError(f"{root}: no such folder")
+    if not Path(root).is_dir():
+        raise DemonstrationError(f"{root}: not a folder (a recorded dataset is a folder holding {MANIFEST})")
     if not path.is_file():
-        raise DemonstrationError(f"{path}: no manifest (not a `drive collect` dataset, or nothing finished yet)")
+        raise DemonstrationError(f"{root}: holds no {MANIFEST}, so it is not a recorded dataset (drive collect --out "
+                                 "DIR records one)")  # fmt: skip
     try:
         manifest = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

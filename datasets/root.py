@@ -1,8 +1,9 @@
 """Where the real public data lives: one rule for every loader, command and test.
 
-`data_root(explicit)` is, in order: the path given (an option such as `--data-root`), `$DRIVE_DATA_ROOT`, or
-`../shared/data` beside the checkout (where tests and CI find it). Each folder inside keeps its original layout and a
-PROVENANCE.md naming its source, so a user elsewhere points the root at copies fetched from those sources.
+`data_root(explicit)` is, in order: the path given (`drive train --data ROOT`, which `drive bench offline --data`
+passes on), `$DRIVE_DATA_ROOT`, or `../shared/data` beside the checkout (where tests and CI find it). Each folder
+inside keeps its original layout and a PROVENANCE.md naming its source, so a user elsewhere points the root at copies
+fetched from those sources.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def data_folder(name: str, explicit: str | os.PathLike | None = None) -> Path:
     folder = data_root(explicit) / name
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"{folder}: data folder not found (set ${ENV_VAR} or --data-root to the folder holding {name}/; "
+            f"{folder}: data folder not found (give the folder holding {name}/ as --data ROOT or set ${ENV_VAR}; "
             f"its PROVENANCE.md names the original source)"
         )
     return folder

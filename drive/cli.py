@@ -7,6 +7,8 @@ gymnasium, matplotlib, Ray, the controllers) at the top of `run`, so `drive COMM
 (tests/drive/commands/test_help.py). An optional `epilog()` is printed after the options by `--help`. `main(argv)` is
 callable in-process for tests.
 
+A command module that sets `RESUMES = True` continues its work when its command is rerun; Ctrl-C there says so.
+
 Errors: anything foreseeable (`drive.errors.USER_ERRORS`: bad option values, missing or wrong files, a port that
 cannot be bound) and every option the parser rejects end in one line, `drive COMMAND: error: ...`, exit code 2;
 `--debug` anywhere on the line (or DRIVE_DEBUG=1) shows the traceback instead. Ctrl-C prints one line, exit 130.
@@ -15,6 +17,7 @@ Anything else is a defect and keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import logging
@@ -86,6 +89,24 @@ def _find_command(argv: list[str]) -> tuple[tuple[str, ...], list[str]] | None:
     return None
 
 
+def _unknown_command(argv: list[str]) -> str:
+    """What `drive trian` is told: the words typed and the closest command, if one is close (`train`; `bench scael`
+    -> `bench scale`, `bnech scale` too; `bnech` -> `bench`, which lists its commands)."""
+    groups = sorted({w[0] for w in COMMANDS if len(w) > 1})
+    two = len(argv) > 1 and not argv[1].startswith("-")
+    if argv[0] in groups:  # the group is right: only its second word can be wrong
+        typed = " ".join(argv[:2])
+        seconds = [w[1] for w in COMMANDS if w[0] == argv[0]]
+        guesses = [f"{argv[0]} {g}" for g in difflib.get_close_matches(argv[1], seconds, n=1)] if two else []
+    else:
+        pairs = [" ".join(w) for w in COMMANDS if len(w) > 1]
+        guesses = difflib.get_close_matches(" ".join(argv[:2]), pairs, n=1) if two else []
+        typed = " ".join(argv[:2]) if guesses else argv[0]
+        guesses = guesses or difflib.get_close_matches(argv[0], [" ".join(w) for w in COMMANDS] + groups, n=1)
+    hint = f"did you mean {guesses[0]!r}? " if guesses else ""
+    return f"unknown command {typed!r} ({hint}drive --help lists them)"
+
+
 class _ParseError(Exception):
     """tyro rejected the command line; the message is one line."""
 
@@ -124,6 +145,57 @@ def _parse_error_message(event: Any) -> str:
     return f"invalid command line ({type(event).__name__})"
 
 
+def _help_registry() -> Any:
+    """tyro as it is, but for how `--help` shows an option's default (tyro appends "(default: VALUE)" to every one):
+    - a field docstring that says "default" states the option's default in the user's words ("default: print only"),
+      so tyro's own, often "(default: None)", is left off: one default per option;
+    - a default naming a path inside the checkout (the shipped checkpoints) is shown relative to it, not as this
+      machine's absolute path; the value itself stays absolute, so it is found from any working directory.
+    A field's own `tyro.conf.arg(help_behavior_hint=...)` still wins."""
+    import dataclasses
+    from typing import Annotated, get_args, get_origin
+
+    import tyro
+    from tyro.constructors import ConstructorRegistry, StructConstructorSpec, StructTypeInfo
+
+    from datasets.root import REPO
+
+    registry = ConstructorRegistry()
+    delegating: list[bool] = []  # set while tyro's own dataclass rule runs: this rule then steps aside
+
+    def hint(field: Any) -> Any:
+        helptext = field.helptext() if callable(field.helptext) else field.helptext
+        if re.search(r"\bdefault", helptext or "", re.IGNORECASE):
+            return tyro.conf.arg(help_behavior_hint="")
+        if str(REPO) in str(field.default):
+            inside = str(REPO) + os.sep
+            return tyro.conf.arg(help_behavior_hint=lambda label: f"(default: {label.replace(inside, '')})")
+        return None
+
+    @registry.struct_rule
+    def own_defaults(info: StructTypeInfo) -> StructConstructorSpec | None:
+        if delegating or not dataclasses.is_dataclass(info.type):
+            return None
+        delegating.append(True)
+        try:
+            spec = ConstructorRegistry.get_struct_spec(info)
+        finally:
+            delegating.pop()
+        if not isinstance(spec, StructConstructorSpec):
+            return None
+        fields = []
+        for field in spec.fields:
+            conf = hint(field)
+            if conf is not None:  # placed before the field's own annotations, which tyro applies after it
+                kind, *extras = get_args(field.type) if get_origin(field.type) is Annotated else (field.type,)
+                annotated: Any = Annotated[(kind, conf, *extras)]
+                field = dataclasses.replace(field, type=annotated)
+            fields.append(field)
+        return dataclasses.replace(spec, fields=tuple(fields))
+
+    return registry
+
+
 def _parse(module: Any, rest: list[str], prog: str, help_: str) -> Any:
     import tyro
     from tyro import _errors as te
@@ -133,7 +205,7 @@ def _parse(module: Any, rest: list[str], prog: str, help_: str) -> Any:
 
     try:
         with te.on_parse_error(hook):
-            return tyro.cli(module.Config, args=rest, prog=prog, description=help_)
+            return tyro.cli(module.Config, args=rest, prog=prog, description=help_, registry=_help_registry())
     except SystemExit as exc:  # --help: the command's options first, then what its epilog() adds (train: --set keys)
         if exc.code in (0, None) and hasattr(module, "epilog") and any(a in ("-h", "--help") for a in rest):
             print("\n" + module.epilog())
@@ -167,12 +239,13 @@ def _main(argv: list[str] | None) -> int:
         print(_usage(argv[0]))  # `drive bench`, `drive udacity --help`: that group's commands
         return 0
     if found is None:
-        print(f"drive: error: unknown command {' '.join(argv[:2])!r} (drive --help lists them)", file=sys.stderr)
+        print(f"drive: error: {_unknown_command(argv)}", file=sys.stderr)
         return 2
     words, rest = found
     prog = f"drive {' '.join(words)}"
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    module = None
     try:
         module = importlib.import_module(module_name(words))
         cfg = _parse(module, rest, prog, COMMANDS[words])
@@ -190,7 +263,8 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         if debug:
             raise
-        print(f"{prog}: interrupted", file=sys.stderr)
+        again = "; rerun the same command to continue (what finished is kept)" if getattr(module, "RESUMES", 0) else ""
+        print(f"{prog}: interrupted{again}", file=sys.stderr)
         return 130
 
 

@@ -137,6 +137,11 @@ def registry(module: str, name: str) -> dict[str, tuple[str, str]]:
     return found
 
 
+def summary(module: str) -> str:
+    """The first line of a module's docstring, without its full stop ("" where it has none): what it holds."""
+    return (ast.get_docstring(_tree(module)) or "").split("\n", 1)[0].rstrip(".")
+
+
 def constant(module: str, name: str) -> object:
     """The literal a module-level name is bound to (`DATA = "DIR: ..."`)."""
     value = _constant(module, name)

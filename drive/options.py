@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
+import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -136,3 +139,23 @@ def writable_dir(path: Path | str, option: str) -> None:
     if path.exists() and not path.is_dir():
         raise UserError(f"{option} {path}: exists and is not a folder")
     _scratch(path, option, path)
+
+
+def drive_program(argv0: str | None = None) -> str:
+    """How to type `drive` in the shell this process was started from, for the "next:" hints commands print:
+    `drive` when that name on $PATH is this program, else the path that started it, relative to the working
+    directory where it lies inside it (`.venv/bin/drive` after the README's install, no venv activated)."""
+    started = Path(argv0 if argv0 is not None else sys.argv[0])
+    if started.name == "__main__.py":  # python -m drive
+        return "python -m drive"
+    if started.name != "drive" or not started.is_file():  # main() called in-process (tests)
+        return "drive"
+    found = shutil.which("drive")
+    if found and Path(found).resolve() == started.resolve():
+        return "drive"
+    path = started.absolute()
+    try:
+        shown = path.relative_to(Path.cwd())
+    except ValueError:
+        return shlex.quote(str(path))
+    return shlex.quote(shown.as_posix() if "/" in shown.as_posix() else f"./{shown}")

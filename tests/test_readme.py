@@ -6,8 +6,11 @@ from __future__ import annotations
 import importlib
 import json
 import lzma
+import os
 import re
 import shlex
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -31,16 +34,20 @@ SHRINK = {
 }
 
 
-def pipeline_block() -> list[list[str]]:
+ACTIVATE = ["source", ".venv/bin/activate"]  # the pipeline's first line: the install's environment, in a new shell
+
+
+def pipeline_lines() -> list[list[str]]:
+    """Every line of the README's pipeline block, as words (comments dropped)."""
     text = (REPO / "README.md").read_text()
     section = text[text.index("## The pipeline") :]
     block = section[section.index("```bash") + len("```bash") : section.index("```", section.index("```bash") + 7)]
-    commands = []
-    for line in block.strip().splitlines():
-        words = shlex.split(line, comments=True)
-        if words:
-            commands.append(words)
-    return commands
+    return [words for line in block.strip().splitlines() if (words := shlex.split(line, comments=True))]
+
+
+def pipeline_block() -> list[list[str]]:
+    """The block's `drive` commands."""
+    return [words for words in pipeline_lines() if words != ACTIVATE]
 
 
 def shrink(words: list[str]) -> list[str]:
@@ -54,6 +61,7 @@ def shrink(words: list[str]) -> list[str]:
 
 
 def test_pipeline_block_is_what_the_test_runs():
+    assert pipeline_lines()[0] == ACTIVATE  # `drive` is on PATH only once the venv is active
     commands = pipeline_block()
     assert [c[:2] for c in commands] == [["drive", "collect"], ["drive", "data"], ["drive", "train"],
                                          ["drive", "dagger"], ["drive", "train"], ["drive", "eval"],
@@ -63,7 +71,7 @@ def test_pipeline_block_is_what_the_test_runs():
 
 def test_ci_runs_exactly_the_readme_test_command():
     text = (REPO / "README.md").read_text()
-    after = text[text.index("Set up and run the tests") :]
+    after = text[text.index("Set up and run the checks") :]
     command = after[after.index("```bash") + len("```bash") : after.index("```", after.index("```bash") + 7)].strip()
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert ci[-1] == command, "`.ci/run` must call exactly the README's test command"
@@ -141,12 +149,36 @@ BENCHES = {
 }  # fmt: skip
 
 
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
 def test_the_readme_results_table_is_the_controllers_report():
+    """The README's one table: some columns of docs/controllers.md's headline, every row's cells as there."""
     readme = (REPO / "README.md").read_text()
     shown = _table(readme, "## Results")
-    assert shown[0].startswith("| row | n | return clean | lap share | cov90 steer | return kept, noise:0.2 |")
-    assert shown == _table((REPO / "docs" / "controllers.md").read_text(), "## Headline")
+    report = _table((REPO / "docs" / "controllers.md").read_text(), "## Headline")
+    columns, full = _cells(shown[0]), _cells(report[0])
+    assert columns[:3] == ["row", "n", "return clean"] and set(columns) <= set(full), columns
+    assert len(columns) <= 7, "one narrow table: the rest is in docs/controllers.md"
+    picked = [full.index(c) for c in columns]
+    assert [_cells(r) for r in shown[2:]] == [[_cells(r)[i] for i in picked] for r in report[2:]]
     assert "docs/controllers.md" in _links(REPO / "README.md")
+
+
+def test_the_readme_is_for_a_newcomer():
+    """One results table, one line per command (every command listed), no issue numbers or commit hashes."""
+    readme = (REPO / "README.md").read_text()
+    tables = [line for line in readme.splitlines() if re.match(r"\|\s*-+\s*\|", line)]
+    assert len(tables) == 2, "the command table and one results table"
+    commands = _table(readme, "| command | what it does |")[1:]  # the rows under the header's separator
+    listed = " ".join(_cells(row)[0] for row in commands)
+    for words in cli.COMMANDS:
+        assert words[-1] in listed, f"drive {' '.join(words)} is not in the README's command table"
+    assert all(len(row) <= 140 for row in commands), "one short line per command"
+    prose = re.sub(r"```.*?```", "", readme, flags=re.DOTALL)
+    assert not re.search(r"(?<![\w/])#\d+", prose), "no issue numbers in user-facing text"
+    assert not re.search(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", prose), "no commit hashes"
 
 
 @pytest.mark.parametrize("archive", sorted(BENCHES))
@@ -187,12 +219,11 @@ def test_the_misbehaviour_headline_is_what_its_archived_results_make():
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) >= 30 and not [r for r in rows if r not in made]
     assert "--out runs/mb/seeds3 --ckpt $B/{nsac,nsac-fit-0.1,gmle,mcd,de,der,sdenet}/seed{0,1,2}/best.pt" in page
-    # the README's summary: each "mean ± half" is the archived figure, rounded as shown
+    # the page's summary table: each "mean ± half" is the archived figure, rounded as shown
     columns = [("monitors", "epistemic_sum", "f3"), ("monitors", "epistemic_sum", "auroc"),
                ("monitors", "thirdeye_avg_grad", "f3"), ("prevention", "prevented"),
                ("prevention", "handed_over_nominal")]  # fmt: skip
-    readme = (REPO / "README.md").read_text()
-    table = _table(readme, "| controller | F3, own summed epistemic variance |")[2:]
+    table = _table(page, "| controller | F3, own summed epistemic variance |")[2:]
     checked = 0
     for line in table:
         cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
@@ -207,12 +238,11 @@ def test_the_misbehaviour_headline_is_what_its_archived_results_make():
     assert checked >= 20
 
 
-def test_the_results_commands_parse():
-    """Every `drive ...` line of the README's results section is a command line the parser accepts."""
+def test_the_readme_commands_parse():
+    """Every `drive ...` line of the README (the pipeline, the shown commands) is a line the parser accepts."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index("## Results") : text.index("## Speed")]
-    lines = [w for line in re.findall(r"^drive .*$", section, flags=re.M) if (w := shlex.split(line, comments=True))]
-    assert len(lines) >= 4
+    lines = [w for line in re.findall(r"^drive .*$", text, flags=re.M) if (w := shlex.split(line, comments=True))]
+    assert len(lines) >= 8
     for words in lines:
         found = cli._find_command(words[1:])
         assert found is not None, words
@@ -220,14 +250,39 @@ def test_the_results_commands_parse():
         cli._parse(module, found[1], "drive", "")
 
 
-@pytest.mark.usefixtures("one_thread")
-def test_readme_pipeline_runs_verbatim(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
-    for words in pipeline_block():
-        argv = shrink(words)[1:]
-        code = main(argv)
-        assert code == 0, f"{' '.join(argv)} -> {code}: {capsys.readouterr().err}"
+def _new_shell(tmp_path: Path) -> dict[str, str]:
+    """The environment of a new terminal after the README's install: the checkout's .venv exists (here: a link to
+    the one running the tests) but nothing is activated, so a bare `drive` is not on PATH."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the README's install makes a venv (.venv); these tests run outside one")
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = [d for d in os.environ.get("PATH", os.defpath).split(os.pathsep) if d and d != venv_bin]
+    keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "CI")}
+    return {**keep, "PATH": os.pathsep.join(path), "SDL_VIDEODRIVER": "dummy", "OMP_NUM_THREADS": "1"}
+
+
+def _bash(lines: list[list[str]], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    script = "set -e\n" + "\n".join(shlex.join(words) for words in lines) + "\n"
+    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=1500)
+
+
+def test_a_bare_drive_is_not_on_path_in_a_new_shell(tmp_path):
+    """What the pipeline's first line is for: without it, `drive` is not found after the README's install."""
+    env = _new_shell(tmp_path)
+    done = _bash([["drive", "--version"]], tmp_path, env)
+    assert done.returncode == 127 and "drive: command not found" in done.stderr, done.stderr
+    done = _bash([ACTIVATE, ["drive", "--version"]], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_readme_pipeline_runs_verbatim_in_a_new_shell(tmp_path):
+    """The README's pipeline block, pasted into a new shell after the install (counts shrunk through the options it
+    shows), runs to the end; rerun as typed, it finds its finished work."""
+    env = _new_shell(tmp_path)
+    lines = [words if words == ACTIVATE else shrink(words) for words in pipeline_lines()]
+    done = _bash(lines, tmp_path, env)
+    assert done.returncode == 0, done.stderr[-3000:]
     runs = tmp_path / "runs"
     assert json.loads((runs / "bc-nsac-d1" / "metrics.json").read_text())["task"] == "demos"
     results = json.loads((runs / "bc-nsac-d1" / "eval.json").read_text())
@@ -238,12 +293,8 @@ def test_readme_pipeline_runs_verbatim(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "out" / "drive.mp4").stat().st_size > 10_000  # `drive drive` headless
     assert len(json.loads((runs / "demos-d1" / "manifest.json").read_text())["episodes"]) == 4  # 3 + 1 DAgger
     best = (runs / "bc-nsac-d1" / "best.pt").read_bytes()
-    capsys.readouterr()
-    for words in pipeline_block()[:5]:  # rerun as typed: collect, dagger and train find their finished work
-        argv = shrink(words)[1:]
-        code = main(argv)
-        out, err = capsys.readouterr()
-        assert code == 0, f"rerun {' '.join(argv)} -> {code}: {err}"
-        assert "nan" not in out and "Warning" not in err, (argv, out, err)
+    again = _bash(lines[:6], tmp_path, env)  # rerun as typed: collect, dagger and train find their finished work
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nan" not in again.stdout and "Warning" not in again.stderr, (again.stdout, again.stderr)
     assert (runs / "bc-nsac-d1" / "best.pt").read_bytes() == best  # nothing retrained
     assert len(json.loads((runs / "demos-d1" / "manifest.json").read_text())["episodes"]) == 4

@@ -1,7 +1,7 @@
 """A classical vision policy: follow the road seen in a camera frame, hold a speed. No learning, no privileged state.
 
 It drives from exactly what the Udacity protocol carries -- the RGB frame and the speed -- so it can drive the
-simulator (`drive udacity drive --policy vision`) and the CarRacing stand-in alike.
+simulator (`drive udacity drive --driver vision`) and the CarRacing stand-in alike.
 
 Steering (pure pursuit in the image, Coulter 1992): road pixels are the grey ones (low saturation, mid brightness:
 asphalt), plus the red and white kerbs that line bends so a bend's road stays one piece. Scanning the reduced frame

@@ -9,9 +9,12 @@ reads by default); `--keep-raw` also keeps the raw RGB frames.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from drive.loop.options import CollectOptions
+
+RESUMES = True  # rerunning the same command continues what an interrupted run left
 
 
 @dataclass(frozen=True)
@@ -31,5 +34,9 @@ def run(cfg: Config) -> int:
           f"({summary.fps:.0f} frames/s); {summary.skipped} already there")  # fmt: skip
     print(f"dataset {summary.out}: {len(records)} episode(s), {len(flagged)} flagged (return < {cfg.min_return})"
           + (f": seeds {flagged}" if flagged else ""))  # fmt: skip
-    print(f"inspect with: drive data info {summary.out}")
+    if records and len(flagged) == len(records):
+        print("every episode is flagged, so `drive train` has nothing to train on: rerun this command with "
+              "--min-return LOWER (e.g. --min-return 0; nothing is recorded again), or train with "
+              "--set task.include_flagged=true")  # fmt: skip
+    print(f"inspect with: drive data info {shlex.quote(str(summary.out))}")
     return 0

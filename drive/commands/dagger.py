@@ -14,6 +14,8 @@ import numpy as np
 
 from drive.loop.options import DaggerOptions
 
+RESUMES = True  # rerunning the same command continues what an interrupted run left
+
 
 @dataclass(frozen=True)
 class Config(DaggerOptions):

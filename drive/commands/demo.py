@@ -15,15 +15,18 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
-from drive.options import IntRange, NonNegativeInt, PositiveInt, Workers
+from drive.options import IntRange, NonNegativeInt, PositiveInt, Workers, drive_program
 
 log = logging.getLogger(__name__)
+
+RESUMES = True  # rerunning the same command continues what an interrupted run left
 
 PLOTS = {"map": "the track coloured by phi, kappa, psi, logits, epistemic variance",
          "timeseries": "steering +-2 sigma, epistemic variance and gates over time"}  # fmt: skip
@@ -50,8 +53,9 @@ class Config:
     """step limit per episode"""
     env: Literal["carracing", "fake-road"] = "carracing"
     """simulator: carracing, or fake-road (a tiny synthetic road for tests)"""
-    controller: Path | None = SHIPPED_CONTROLLER
-    """trained controller that then drives an unseen track with the uncertainty overlay (None: skip this part)"""
+    ckpt: Path | None = SHIPPED_CONTROLLER
+    """trained controller's checkpoint that then drives an unseen track with the uncertainty overlay (None: skip this
+    part)"""
     track: NonNegativeInt = 1000
     """track seed the controller drives (the controllers are trained on seeds < 1000)"""
     controller_steps: PositiveInt | None = None
@@ -93,9 +97,9 @@ def run(cfg: Config) -> int:
 
     if cfg.episodes < 1:
         raise UserError(f"--episodes must be >= 1, got {cfg.episodes}")
-    if cfg.controller is not None:  # a bad checkpoint fails before anything is recorded
-        checkpoint.read(cfg.controller, kind="controller")
-    n_steps = 1 if cfg.controller is None else 2
+    if cfg.ckpt is not None:  # a bad checkpoint fails before anything is recorded
+        checkpoint.read(cfg.ckpt, kind="controller")
+    n_steps = 1 if cfg.ckpt is None else 2
     print(f"drive demo: {n_steps} step(s), every output goes into {cfg.out}/")
     data_dir = cfg.out / "demonstrations"
     options = CollectOptions(out=data_dir, expert=cfg.expert, episodes=cfg.episodes, seeds=cfg.seeds,
@@ -116,7 +120,7 @@ def run(cfg: Config) -> int:
     done = f"{summary.frames} frames recorded" if summary.new else "already recorded, kept"
     print(f"  dataset: {data_dir} ({done}; `drive data info` describes it)")
     print(f"  video:   {video_path} ({n / 50:.1f} s of the expert on track {episode.seed})")
-    if cfg.controller is None:
+    if cfg.ckpt is None:
         return 0
     return drive_controller(cfg)
 
@@ -138,10 +142,10 @@ def drive_controller(cfg: Config) -> int:
     trace_dir = cfg.out / "trace"
     # failure_horizon=0: failure prediction scores a signal against off-track / spin / stall events over many laps
     # (and first runs 5 nominal laps for its thresholds); on the demo's one lap it has nothing to score
-    options = EvalOptions(policy=f"ckpt:{cfg.controller}", seeds=str(cfg.track), env=cfg.env, progress=cfg.progress,
+    options = EvalOptions(policy=f"ckpt:{cfg.ckpt}", seeds=str(cfg.track), env=cfg.env, progress=cfg.progress,
                           max_episode_steps=cfg.controller_steps or cfg.max_episode_steps,
                           failure_horizon=0)  # fmt: skip
-    name = _as_typed(cfg.controller)
+    name = _as_typed(cfg.ckpt)
     print(
         f"step 2/2: the trained controller {name} drives track {cfg.track}, unseen in training, from pixels\n"
         "          (the expert rides along in shadow mode; the recorder keeps what the model computes each step)"
@@ -161,5 +165,6 @@ def drive_controller(cfg: Config) -> int:
     video_path = cfg.out / "controller.mp4"
     n = replay(trace, video_path, every=2)
     print(f"  video:   {video_path} ({n / 50:.1f} s: the drive at double speed, uncertainty overlaid)")
-    print(f"next: drive eval --policy ckpt:{name} --seeds 1000-1019   |   drive drive")
+    drive = drive_program()
+    print(f"next: {drive} eval --ckpt {shlex.quote(str(name))} --seeds 1000-1019   |   {drive} drive")
     return 0

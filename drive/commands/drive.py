@@ -1,24 +1,24 @@
 """`drive drive`: a trained controller drives live with the uncertainty overlay (pygame window; an mp4 headless).
 
-drive drive --policy ckpt:runs/bc-nsac/best.pt            # default: the shipped checkpoints/carracing_nsac.pt
+drive drive --ckpt runs/bc-nsac/best.pt            # default: the shipped checkpoints/carracing_nsac.pt
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from drive.errors import UserError
-from drive.loop.options import SHIPPED_CONTROLLER
+from drive.loop.options import SHIPPED_CONTROLLER, SHIPPED_HINT
 from drive.loop.seeds import parse_seeds
 from drive.options import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 
 @dataclass(frozen=True)
 class Config:
-    policy: str = f"ckpt:{SHIPPED_CONTROLLER}"
-    """the trained controller: ckpt:PATH (default: the shipped NSAC controller)"""
+    ckpt: Annotated[Path, SHIPPED_HINT] = SHIPPED_CONTROLLER
+    """the trained controller's checkpoint that drives"""
     seeds: str = "1000"
     """track seeds to drive, one episode each: 'A-B' (inclusive), 'A,B,C'"""
     samples: PositiveInt | None = None
@@ -57,9 +57,7 @@ def run(cfg: Config) -> int:
     from drive.observe.trace_recorder import TraceRecorder
     from drive.observe.window import StopDriving, Window, is_headless
 
-    kind, _, path = cfg.policy.partition(":")
-    if kind != "ckpt" or not path:
-        raise UserError(f"--policy must be ckpt:PATH, got {cfg.policy!r}")
+    path = str(cfg.ckpt)
     if cfg.fps < 1:
         raise UserError(f"--fps must be >= 1, got {cfg.fps}")
     seeds = parse_seeds(cfg.seeds)

@@ -1,8 +1,8 @@
 """`drive eval`: closed-loop evaluation of an expert or trained controller on track seeds.
 
-    drive eval --policy expert:ppo --seeds 1000-1019
-    drive eval --policy ckpt:runs/bc-nsac/best.pt --seeds 1000-1019 --out runs/bc-nsac/eval.json --trace DIR
-    drive eval --policy ckpt:checkpoints/udacity_nsac.pt --data udacity:DIR --out scores.json   # a driving log
+    drive eval --expert ppo --seeds 1000-1019
+    drive eval --ckpt runs/bc-nsac/best.pt --seeds 1000-1019 --out runs/bc-nsac/eval.json --trace DIR
+    drive eval --ckpt checkpoints/udacity_nsac.pt --data udacity:DIR --out scores.json   # a driving log
 
 Episodes and their summary come from drive/loop/evaluate.py; `--trace DIR` adds the interpretability recorder
 (drive/observe/trace.py) to every episode; the results JSON is written atomically.
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from datasets.files import atomic_write
 from drive.errors import UserError
-from drive.loop.options import EvalOptions
+from drive.loop.options import EvalOptions, policy_spec
+from drive.loop.pool import check_ray  # light: Ray itself is imported only for a --ray run
 from drive.loop.seeds import parse_seeds
 from drive.options import writable_dir, writable_file
 
@@ -29,8 +30,8 @@ class Config(EvalOptions):
     trace: Path | None = None
     """ckpt: write each episode's interpretability trace (Parquet + plots) into this directory"""
     data: str | None = None
-    """udacity:DIR[,DIR...]: instead of episodes, score the ckpt: policy on every frame of these driving logs
-    (offline, drive/learn/recording.py); --out gets the JSON and beside it a .png of the steering over time"""
+    """udacity:DIR[,DIR...]: instead of episodes, score the --ckpt controller on every frame of these driving logs
+    (offline); --out gets the JSON and beside it a .png of the steering over time"""
     skip_bad_rows: bool = False
     """--data: leave out and count rows naming a missing or corrupt image (default: an error naming the row)"""
 
@@ -57,7 +58,7 @@ def score_recordings(cfg: Config) -> int:
 
     kind, path = parse_policy_spec(cfg.policy)
     if kind != "ckpt":
-        raise UserError(f"--data scores a trained controller: give --policy ckpt:PATH, not {cfg.policy!r}")
+        raise UserError(f"--data scores a trained controller: give --ckpt PATH, not {cfg.policy!r}")
     results, scored = recording.evaluate_recordings(path, cfg.data or "", n_samples=cfg.samples, seed=cfg.seed,
                                                     skip_bad=cfg.skip_bad_rows, progress=cfg.progress)  # fmt: skip
     print(recording.describe(results))
@@ -70,9 +71,11 @@ def score_recordings(cfg: Config) -> int:
 
 
 def check_before_running(cfg: Config) -> None:
-    """What would otherwise fail only after the whole evaluation: the seed lists, and the paths to be written."""
+    """What would otherwise fail only after the whole evaluation: the seed lists, a --ray cluster that does not
+    answer, and the paths to be written (last: checking them creates their folders)."""
     parse_seeds(cfg.seeds)
     parse_seeds(cfg.calibrate_seeds)
+    check_ray(cfg.ray)
     if cfg.out is not None:
         writable_file(cfg.out, "--out")
     if cfg.trace is not None:
@@ -86,6 +89,7 @@ def run(cfg: Config) -> int:
     from drive.observe.trace_recorder import trace_observer
     from drive.observe.uq_plots import plot_eval
 
+    cfg = replace(cfg, policy=policy_spec(cfg.ckpt, cfg.expert and f"expert:{cfg.expert}", "--expert", "expert:ppo"))
     check_before_running(cfg)
     if cfg.data is not None:
         return score_recordings(cfg)

@@ -34,7 +34,7 @@ class Config:
     runs: Path
     """directory holding one run directory per controller (nsac, gmle, mcd, de, der, sdenet)"""
     expert_eval: Path | None = None
-    """`drive eval --policy expert:ppo --out` JSON on the same seeds (the reference return)"""
+    """`drive eval --expert ppo --out` JSON on the same seeds (the reference return)"""
     out: Path | None = None
     """also write the table (markdown) here"""
     checkpoint: Literal["best", "last"] = "best"

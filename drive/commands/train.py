@@ -30,6 +30,8 @@ from drive import fields
 from drive.learn import tasks
 from drive.options import NonNegativeInt, PositiveFloat, PositiveInt
 
+RESUMES = True  # rerunning the same command continues what an interrupted run left
+
 # tyro would add "(default: None)" after these options' own default
 TASK_DEFAULT = tyro.conf.arg(help_behavior_hint="(default: the task's)")
 INFERRED = tyro.conf.arg(help_behavior_hint="(default: inferred from --data, spiral without it)")
@@ -66,7 +68,7 @@ class Config:
     """show progress bars"""
     threads: NonNegativeInt = 0
     """torch intra-op CPU threads (0: auto, half the CPUs this process may use, at least 1 — on a 2-core machine
-    torch's default of 2 trained an NSAC epoch in 18.8 s, one thread in 10.9 s: the other core feeds the batches)"""
+    torch's own 2 threads trained an NSAC epoch in 18.8 s, one thread in 10.9 s: the other core feeds the batches)"""
 
 
 def auto_threads() -> int:
@@ -95,14 +97,18 @@ def controller_help() -> str:
         parent = next((names[b] for b in fields.bases(module, cls) if b in names), None)
         shared = set(fields.dataclass_fields(*registered[parent])) if parent else set()
         shown = [f for f in own if f not in shared and f.name not in ("encoder", "out_dim")]
-        lines.append(f"  {name} ({module.replace('.', '/')}.py {cls}" + (f"; {parent}'s fields and:" if parent else "")
-                     + ")")  # fmt: skip
+        lines.append(f"  {name} ({fields.summary(module)}" + (f"; {parent}'s fields and:" if parent else "") + ")")
         lines.extend(fields.help_lines(shown))
     return "\n".join(lines)
 
 
 def trainer_help() -> str:
     keys = [f for f in fields.dataclass_fields("drive.learn.options", "TrainerConfig") if f.name not in FLAGGED]
+    own = {name: tasks.select_of(name) for name in tasks.TASKS}
+    differ = sorted({s for s in own.values()} - {next(f.default.strip("'") for f in keys if f.name == "select")})
+    by_task = "; ".join(f"{s} for {', '.join(n for n, v in own.items() if v == s)}" for s in differ)
+    keys = [f._replace(doc=f"{f.doc} (the default unless the task sets its own: {by_task})")
+            if f.name == "select" and by_task else f for f in keys]  # fmt: skip
     title = f"trainer keys (--set trainer.KEY=VALUE; {', '.join(FLAGGED)}: the options above):"
     return "\n".join([title, *fields.help_lines(keys, "trainer.")])
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +149,10 @@ def train_and_evaluate(req: TrainRequest) -> dict[str, Any]:
         early = ", stopped early" if done["fit"]["stopped_early"] else ""
         print(f"{req.out}: the run is complete ({done['fit']['epochs_run']} epochs{early}); nothing to train")
         return done
+    finished = Path(req.out) / "metrics.json"
+    if req.resume and finished.is_file():  # complete before, continued now: --epochs was raised
+        ran = json.loads(finished.read_text()).get("fit", {}).get("epochs_run", "?")
+        print(f"{req.out}: the run finished {ran} epochs; --epochs {train_cfg.epochs} extends it")
     torch.manual_seed(req.seed)
     model = model_cfg.build()
     info = CheckpointInfo(name=req.controller, config=config_to_dict(model_cfg), data=dict(data.fingerprint),
@@ -198,7 +203,9 @@ def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConf
     save_predictions(Path(req.out) / "predictions.npz", model, data.test, train_cfg.batch_size, req.seed, req.device)
     out = Path(req.out)  # plots named relative to the run directory: metrics.json stores no machine's path
     plots = [_relative(Path(p), out) for p in data.plots(model, out)] if data.plots is not None else []
-    fit_report = {"best_epoch": result.best_epoch, "best_val_nll": result.best_val_nll,
+    best = next((row for row in result.history if row["epoch"] == result.best_epoch), {})
+    fit_report = {"best_epoch": result.best_epoch, "select": train_cfg.select,
+                  "best_val_score": best.get(train_cfg.select, math.nan), "best_val_nll": result.best_val_nll,
                   "epochs_run": result.epochs_run, "stopped_early": result.stopped_early, "train_seconds": train_s,
                   "eval_seconds": time.perf_counter() - t1, "n_parameters": n_params}  # fmt: skip
     report = {"task": data.name, "controller": req.controller, "fit": fit_report,
@@ -226,8 +233,12 @@ def save_predictions(path: Path, model: Any, dataset: Any, batch_size: int, seed
 
 
 def summary(report: dict) -> str:
-    lines = [f"{report['controller']} on {report['task']}: best epoch {report['fit']['best_epoch']}, "
-             f"val nll {report['fit']['best_val_nll']:.4f}, {report['fit']['train_seconds']:.0f} s"]  # fmt: skip
+    fit_report = report["fit"]
+    select = fit_report.get("select", "val_nll")  # metrics.json written before the field: selected on val_nll
+    score = fit_report.get("best_val_score", fit_report["best_val_nll"])
+    lines = [f"{report['controller']} on {report['task']}: best epoch {fit_report['best_epoch']} of "
+             f"{fit_report['epochs_run']} (selected on {select.replace('_', ' ')} {score:.5g}), "
+             f"{fit_report['train_seconds']:.0f} s"]  # fmt: skip
     for split, values in report.items():
         if isinstance(values, dict) and all(k in values for k in ("mse", "nll", "crps", "ece")):
             lines.append(f"  {split:<14} mse {values['mse']:.5f}  nll {values['nll']:8.4f}  "

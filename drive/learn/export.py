@@ -90,7 +90,7 @@ def example_input(encoder: EncoderConfig, batch: int = 4, seed: int = 0) -> Tens
 
 def wrap(model: Controller, pass_: str, n_samples: int) -> nn.Module:
     if pass_ not in PASSES:
-        raise UserError(f"--pass {pass_!r}: choose one of {PASSES}")
+        raise UserError(f"pass {pass_!r}: choose one of {PASSES} (drive export: --samples 0 for the mean pass)")
     return (MeanPass(model) if pass_ == "mean" else SampledPass(model, n_samples)).eval()
 
 
@@ -202,6 +202,8 @@ def export(model: Controller, encoder: EncoderConfig, fmt: str, out: Path, pass_
     """Write the pass in `fmt` to `out` (atomically); returns the exporter used."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: choose one of {FORMATS}")
+    if fmt == "onnx":
+        require_onnx()
     module = wrap(model.eval(), pass_, n_samples)
     x = example_input(encoder, batch=2)
     with traceable(), _quiet_exporters():
@@ -216,12 +218,23 @@ class Check(NamedTuple):
     mean_gap_se: float  # max |mean_exported - mean_torch| / its Monte-Carlo standard error (sampled passes)
 
 
+def require_onnx() -> None:
+    """A UserError saying what to install unless the `export` extra is: torch's ONNX exporters need onnx and
+    onnxscript, the check after the export needs onnxruntime. Asked before anything is written."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"--format onnx needs onnx, onnxscript and onnxruntime ({exc.name or 'one'} is missing): "
+                        "pip install -e '.[export]' (the `export` extra)") from None  # fmt: skip
+
+
 def run_exported(path: Path, fmt: str, x: Tensor) -> list[np.ndarray]:
     if fmt == "onnx":
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise UserError("checking an ONNX export needs onnxruntime==1.32.0 (the `export` extra)") from None
+        require_onnx()
+        import onnxruntime as ort
+
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return session.run(list(OUTPUTS), {"x": x.numpy()})
     with torch.no_grad():

@@ -25,8 +25,8 @@ class PPOExpertOptions:
     run_dir: Path = Path("runs/expert_ppo")
     """Run directory: config, evaluation curve, resumable SB3 state, best checkpoint."""
     out: Path | None = None
-    """Where the best held-out checkpoint is exported (our format); default RUN_DIR/expert.pt. Never defaults to
-    the shipped checkpoints/expert_ppo.pt, so a new run cannot overwrite it by accident."""
+    """Where the best held-out checkpoint is exported (our format); default RUN_DIR/expert.pt, never the shipped
+    checkpoints/expert_ppo.pt, so a new run cannot overwrite it by accident."""
     total_steps: PositiveInt = 3_000_000
     """Environment steps to train for (all workers together)."""
     n_envs: PositiveInt = 2

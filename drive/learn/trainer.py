@@ -99,8 +99,9 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
                   state["stopped"])  # fmt: skip
     if distributed.is_main():
         rng.truncate_log(run_dir / "metrics.jsonl", loop.start)
-    log.info("resumed %s at epoch %d (best %s %.4f at epoch %d)", run_dir, loop.start, cfg.select, loop.best,
-             loop.best_epoch)  # fmt: skip
+    if distributed.is_main():
+        print(f"{run_dir}: resuming at epoch {loop.start + 1} of {cfg.epochs} ({loop.start} finished; best "
+              f"{cfg.select} {loop.best:.5g} at epoch {loop.best_epoch})", flush=True)  # fmt: skip
     return loop
 
 

@@ -10,7 +10,8 @@ Crash safety: shards and the manifest are written atomically (temp + fsync + ren
 after every finished task (one episode with the default `--envs 1`; with K cars per process a task's K episodes
 enter it together), so a run killed at any moment loses at most the tasks in flight; rerunning the same command
 skips the finished seeds. The DART noise is seeded per episode from (seed, noise_seed), so a redone episode
-is the same episode. A lock file keeps two writers off one directory.
+is the same episode. A lock file keeps two writers off one directory. A rerun with another `--min-return` (a label,
+not a recording setting) re-flags the finished episodes by their recorded returns and records nothing again.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ log = logging.getLogger(__name__)
 
 # settings that shape the recorded data: a resumed run must match them exactly
 DATA_SETTINGS = ("env", "expert", "action_noise", "noise_seed", "frame_stack", "frame_coding", "max_episode_steps",
-                 "keep_raw", "fast_render", "min_return")  # fmt: skip
+                 "keep_raw", "fast_render")  # fmt: skip
+# settings that only label the recorded data: a rerun with another value re-labels what is there (nothing recorded
+# again); min_return flags episodes whose return fell below it
+LABEL_SETTINGS = ("min_return",)
 
 
 def seed_list(opts: CollectOptions) -> list[int]:
@@ -75,7 +79,7 @@ def validate(opts: CollectOptions) -> list[int]:
 
 
 def settings_of(opts: CollectOptions) -> dict[str, Any]:
-    return {key: getattr(opts, key) for key in DATA_SETTINGS}
+    return {key: getattr(opts, key) for key in (*DATA_SETTINGS, *LABEL_SETTINGS)}
 
 
 _CACHE: dict[Any, list[Lane]] = {}  # per process: settings -> its lanes, built once per worker
@@ -152,6 +156,22 @@ def finished_episodes(root: Path, settings: dict[str, Any]) -> dict[int, dict[st
     return {int(ep["seed"]): ep for ep in read_manifest(root)["episodes"] if intact(root, ep)}
 
 
+def reflag(done: dict[int, dict[str, Any]], min_return: float) -> bool:
+    """Flag each finished episode by its recorded return against `min_return` (in place); True if any changed."""
+    changed = False
+    for seed, episode in done.items():
+        flagged = bool(episode["return"] < min_return)
+        if bool(episode["flagged"]) != flagged:
+            done[seed], changed = {**episode, "flagged": flagged}, True
+    return changed
+
+
+def relabelled(root: Path, settings: dict[str, Any]) -> bool:
+    """The dataset was labelled with other LABEL_SETTINGS than this run's (e.g. another --min-return)."""
+    old = read_manifest(root)["settings"]
+    return any(old.get(k) != settings[k] for k in LABEL_SETTINGS)
+
+
 def intact(root: Path, episode: dict[str, Any]) -> bool:
     """A finished episode a resumed run keeps: its shard is there with the manifest's size (else recorded again)."""
     path = root / episode["file"]
@@ -193,6 +213,8 @@ def collect(opts: CollectOptions, recorder: RecorderFactory) -> Summary:
             clean_temp(folder)
         done = finished_episodes(root, settings)
         todo = [s for s in seeds if s not in done]
+        if reflag(done, settings["min_return"]) or ((root / MANIFEST).exists() and relabelled(root, settings)):
+            write_manifest(root, settings, list(done.values()), todo)  # another --min-return: the flags follow it
         if len(todo) < len(seeds):
             log.info("resuming %s: %d of %d episodes already recorded", root, len(seeds) - len(todo), len(seeds))
         start = time.perf_counter()

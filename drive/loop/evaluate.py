@@ -100,6 +100,17 @@ def summarise_returns(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def phase_label(phase: str, fallback: bool = False) -> str:
+    """The progress bar's label of one phase of `evaluate`, each a bar over its own episodes: the seeds ("eval"; with
+    a fallback "eval, fallback on" and then "eval, fallback off" on the same seeds), then for failure prediction the
+    nominal laps on --calibrate-seeds that set the alarm thresholds. Short: an 80-column bar has ~22 characters left."""
+    if phase == "nominal":
+        return "alarm calibration laps"
+    if phase == "no_fallback":
+        return "eval, fallback off"
+    return "eval, fallback on" if fallback else "eval"
+
+
 def _episodes(opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, Any], label: str,
               observers: ObserverFactory | None) -> list[dict[str, Any]]:  # fmt: skip
     records: list[dict[str, Any]] = []
@@ -134,7 +145,7 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     resolve(opts.device)  # so does a device this machine lacks
     if opts.perturb:
         if kind != "ckpt" or opts.env != "carracing":
-            raise UserError("--perturb applies to a trained controller (ckpt:PATH) on carracing")
+            raise UserError("--perturb applies to a trained controller (--ckpt PATH) on carracing")
         try:
             parse_shift(opts.perturb)
         except ValueError as exc:
@@ -143,7 +154,7 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     out: dict[str, Any] = {"policy": portable(opts.policy), "env": opts.env, "seeds": seeds, **base}
     start = time.perf_counter()
     if kind != "ckpt":
-        records = _episodes(opts, seeds, base, "eval", observers)
+        records = _episodes(opts, seeds, base, phase_label(""), observers)
         return {**out, **summarise_returns(records), "wall_s": time.perf_counter() - start, "episodes": records}
     header, variants = _controller_variants(opts, arg)
     out.update(header, perturb=opts.perturb or None)
@@ -152,7 +163,8 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     for name, options in variants:
         settings = {**base, "policy_options": tuple(sorted(options.items())), "perturb": opts.perturb,
                     "failures": failures}  # fmt: skip
-        runs[name] = _episodes(opts, seeds, settings, name or "eval", observers if not name else None)
+        label = phase_label(name, fallback=len(variants) > 1)
+        runs[name] = _episodes(opts, seeds, settings, label, observers if not name else None)
     if failures:
         out.update(_failure_prediction(opts, variants[-1][1], base, runs))
     records = runs[""]
@@ -175,7 +187,8 @@ def _failure_prediction(opts: EvalOptions, plain_options: Mapping[str, Any], bas
     """Thresholds from nominal laps (clean camera, no fallback) on --calibrate-seeds, then each run's report; the
     per-step traces leave the records (their events stay)."""
     settings = {**base, "policy_options": tuple(sorted(plain_options.items())), "failures": True}
-    nominal = split_traces(_episodes(opts, parse_seeds(opts.calibrate_seeds), settings, "nominal", None))
+    laps = _episodes(opts, parse_seeds(opts.calibrate_seeds), settings, phase_label("nominal"), None)
+    nominal = split_traces(laps)
     thresholds = nominal_thresholds(np.concatenate([ep["signals"] for ep in nominal]), FallbackConfig().quantile)
     out = {}
     for name, records in runs.items():

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+import tyro
 
 from datasets.root import REPO
+from drive.errors import UserError
 from drive.options import (
     NonNegativeFloat,
     NonNegativeInt,
@@ -25,6 +28,8 @@ from drive.options import (
 )
 
 SHIPPED_CONTROLLER = REPO / "checkpoints" / "carracing_nsac.pt"
+# --help shows the shipped file as the repository names it, not as this machine's absolute path
+SHIPPED_HINT = tyro.conf.arg(help_behavior_hint="(default: checkpoints/carracing_nsac.pt, the shipped NSAC)")
 DEFAULT_CODING = "full"  # datasets.frames.DEFAULT_CODING: that module loads torch
 DEFAULT_SERVER = "threading"  # sim_bridges.udacity_server.DEFAULT_SERVER: that module loads socket.io and OpenCV
 
@@ -63,17 +68,35 @@ class CollectOptions:
     env: str = "carracing"
     """simulator: carracing, or fake-road (a tiny synthetic road for tests; its expert is 'pursuit')"""
     envs: NonNegativeInt = 1
-    """cars driven at once in each process (lanes), one expert call per step for all; a record does not depend on it
-    (drive/loop/rollout.py). 0: 1, the least CPU per step measured (drive/loop/lanes.py AUTO_COLLECT_ENVS). With
-    K > 1 a task's episodes enter the manifest together, so a kill may record up to K finished episodes again"""
+    """cars driven at once in each process (lanes), one expert call per step for all; a record does not depend on
+    it. 0: 1, the least CPU per step `drive bench closedloop` measured (docs/scale.md). With K > 1 a task's
+    episodes enter the manifest together, so a kill may record up to K finished episodes again"""
     progress: bool = True
     """show a progress bar with frames/s"""
 
 
+def policy_spec(ckpt: Path | str | None, other: str | None, other_option: str, default: str) -> str:
+    """The policy a command drives, as the loop's spec string: `ckpt:PATH` from `--ckpt PATH` (a trained controller,
+    named so by every command), else `other` (an expert, a Udacity driver; `default` when neither is given).
+    Both at once is refused."""
+    if ckpt is not None and other is not None:
+        raise UserError(f"give --ckpt PATH or {other_option} {other}, not both")
+    if ckpt is not None:
+        if not str(ckpt):
+            raise UserError("--ckpt: give the checkpoint's path")
+        return f"ckpt:{ckpt}"
+    return other if other is not None else default
+
+
 @dataclass(frozen=True)
 class EvalOptions:
-    policy: str = "expert:ppo"
-    """policy spec: expert:ppo, expert:pursuit, expert:PATH (expert checkpoint), ckpt:PATH (trained controller)"""
+    ckpt: Path | None = None
+    """a trained controller's checkpoint to drive (the options marked "ckpt:" apply to it)"""
+    expert: Annotated[str | None, tyro.conf.arg(help_behavior_hint="(default: ppo, when no --ckpt)")] = None
+    """the expert to drive instead: ppo, pursuit or an expert checkpoint's PATH"""
+    policy: Annotated[str, tyro.conf.Suppress] = "expert:ppo"
+    """the loop's policy spec (expert:NAME|PATH, ckpt:PATH): what `drive eval` makes of --ckpt / --expert with
+    `policy_spec`, and what studies set directly"""
     seeds: str = "1000-1019"
     """track seeds: 'A-B' (inclusive), 'A,B,C' or a mix"""
     workers: Workers = 1
@@ -97,19 +120,21 @@ class EvalOptions:
     fallback_threshold: NonNegativeFloat | None = None
     """ckpt: epistemic-variance threshold (default: stored in the checkpoint, else calibrated on --calibrate-seeds)"""
     calibrate_seeds: str = "2000-2004"
-    """ckpt: nominal laps to calibrate the fallback threshold on, when none is given or stored"""
+    """ckpt: nominal laps (no shift, no fallback) that set the failure alarms' thresholds (the "alarm calibration
+    laps" bar, after the seeds) and the fallback threshold when none is given or stored"""
     seed: NonNegativeInt = 0
     """ckpt: seed of the controller's sampling"""
     perturb: str = ""
-    """ckpt: a distribution shift (drive/loop/shifts.py): camera KIND:LEVEL (noise, blur, occlusion, brightness,
-    motion_blur, fog, darkness, jpeg, rain, hue), actuation (steer_delay:N, action_noise:STD), domain_randomize, your
+    """ckpt: a distribution shift: camera KIND:LEVEL (noise, blur, occlusion, brightness, motion_blur, fog,
+    darkness, jpeg, rain, hue), actuation (steer_delay:N, action_noise:STD), domain_randomize, your
     module:function:LEVEL, or escalate:KIND:L1,L2,..@SECONDS; the shadow expert still acts on the privileged state"""
     failure_horizon: NonNegativeInt = 25
-    """ckpt on carracing: failure prediction, AUROC of an event within this many steps (0: off; loop/failures.py)"""
+    """ckpt on carracing: failure prediction, how well each uncertainty signal foresees a failure event (off track,
+    spun round, stalled) within this many steps: AUROC, lead time, false alarms per lap (0: off)"""
     envs: NonNegativeInt = 0
     """cars driven at once in each process (lanes): the controller answers all of them in one call per step; an
-    episode's record does not depend on it (drive/loop/rollout.py `run_lanes`). 0: min(64, seeds per worker), the
-    fastest K of `drive bench closedloop` (docs/scale.md)"""
+    episode's record does not depend on it. 0: min(64, seeds per worker), the fastest K of `drive bench closedloop`
+    (docs/scale.md)"""
     device: str = "cpu"
     """ckpt: where the controller runs (cpu, cuda, cuda:N, mps); the simulator and the shadow expert stay on the CPU"""
 
@@ -185,5 +210,5 @@ class BridgeOptions:
     ping_interval_s: PositiveFloat = 25.0
     """engine.io ping interval of the server (the simulator's own is 25 s)"""
     server: Literal["threading", "eventlet"] = DEFAULT_SERVER  # type: ignore[assignment]
-    """the bridge's server: threading (werkzeug) or eventlet (optional: pip install eventlet==0.41.3); the default is
-    the one `drive bench udacity` measured faster"""
+    """the bridge's server: threading (werkzeug; `drive bench udacity` measured it faster) or eventlet
+    (optional: pip install eventlet==0.41.3)"""

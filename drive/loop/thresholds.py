@@ -3,7 +3,9 @@
 Calibration drives the controller alone (no fallback) on track seeds apart from training and evaluation seeds and
 takes a high quantile of its per-step gate score (`drive.loop.fallback.calibrate_threshold`): by construction the
 gate then fires on about (1 - q) of nominal steps, and far more often where the controller is lost.
-`store_threshold` writes it into the checkpoint's extra["fallback"], so later runs skip the nominal laps.
+`store_threshold` writes it into the checkpoint's extra["fallback"], so later runs skip the nominal laps; it refuses,
+writing nothing, a gate that could never fire (a score of exactly 0: GMLE's epistemic variance, any controller at one
+sample) and a threshold that separates nothing (every nominal step scored alike, or a quantile of 0).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from datasets.frames import RAW_SHAPE
 from drive import checkpoint
 from drive.errors import UserError
 from drive.loop.envs import make_env
@@ -61,15 +64,18 @@ def resolve_threshold(
         return float(threshold), "given"
     env_kwargs = dict(env_kwargs or {})
     policy = controller_policy(path, n_samples, seed, shadow=None, env=env_kwargs.get("name", "carracing"))
-    stored = checkpoint.read(path, kind="controller").get("extra", {}).get("fallback") or {}
+    payload = checkpoint.read(path, kind="controller")
+    stored = payload.get("extra", {}).get("fallback") or {}
     wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples, "variance": cfg.variance}
     stored = {"variance": "epistemic", **stored} if stored else stored  # stored before gates had a variance choice
     if stored and all(stored.get(k) == v for k, v in wanted.items()):
         return float(stored["threshold"]), f"checkpoint (calibrated on seeds {stored.get('seeds')})"
     if not calibrate_seeds:
         raise UserError(f"{path}: no fallback threshold stored for {wanted}; give one or seeds to calibrate on")
+    refuse_a_silent_gate(path, payload["name"], policy, cfg)  # a gate calibrated now must be able to fire
     values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs, cfg.variance)
     value = calibrate_threshold(values, cfg.quantile)
+    refuse_a_flat_threshold(path, values, value, cfg)
     log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", value, cfg.quantile, len(values),
              list(calibrate_seeds))  # fmt: skip
     return value, f"calibrated on seeds {list(calibrate_seeds)} ({len(values)} nominal steps)"
@@ -95,8 +101,10 @@ def store_threshold(path: str | Path, cfg: FallbackConfig, calibrate_seeds: Sequ
     env_kwargs = dict(env_kwargs or {})
     payload = checkpoint.read(path, kind="controller")
     policy = controller_policy(path, n_samples, 0, shadow=None, env=env_kwargs.get("name", "carracing"))
+    refuse_a_silent_gate(path, payload["name"], policy, cfg)
     values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs, cfg.variance)
     value = calibrate_threshold(values, cfg.quantile)
+    refuse_a_flat_threshold(path, values, value, cfg)
     fallback = {
         "threshold": value,
         "signal": cfg.signal,
@@ -108,3 +116,40 @@ def store_threshold(path: str | Path, cfg: FallbackConfig, calibrate_seeds: Sequ
     }
     checkpoint.resave(payload, policy.model, path, {"fallback": fallback})
     return value
+
+
+def refuse_a_silent_gate(path: str | Path, name: str, policy: ControllerPolicy, cfg: FallbackConfig) -> None:
+    """A UserError, before any lap is driven, for a gate that could never fire: its score is exactly 0 on a grey
+    frame, as it is on every frame when the controller's samples cannot disagree (GMLE: one deterministic network;
+    any stochastic method at --samples 1). Its calibrated threshold would be 0 and the gate would never engage."""
+    prediction, _, _ = policy.predict(np.full(RAW_SHAPE, 128, np.uint8))
+    policy.reset()  # the probe leaves no frame in the stack and no draw in the generator behind
+    if score(prediction_variance(prediction, cfg.variance), cfg.signal) > 0.0:
+        return
+    default = int(getattr(policy.model, "default_samples", 1))
+    if cfg.variance == "epistemic" and policy.n_samples == 1 and default > 1:
+        raise UserError(f"{path}: with --samples 1 controller {name}'s samples cannot disagree, so its epistemic "
+                        f"variance is 0 and an epistemic gate could never fire: give --samples 2 or more (its own: "
+                        f"{default})")  # fmt: skip
+    if cfg.variance == "epistemic":
+        raise UserError(f"{path}: controller {name} has no epistemic variance (its samples never disagree), so an "
+                        "epistemic gate could never fire: calibrate on its total variance instead (--variance total; "
+                        "drive eval --fallback expert:variance=total reads it) or use a controller with epistemic "
+                        "variance (nsac, mcd, de, der, sdenet)")  # fmt: skip
+    raise UserError(f"{path}: controller {name}'s {cfg.variance} variance of {cfg.signal} is 0, so the gate could "
+                    "never fire: choose another --signal")  # fmt: skip
+
+
+def refuse_a_flat_threshold(path: str | Path, values: np.ndarray, value: float, cfg: FallbackConfig) -> None:
+    """A UserError instead of storing a threshold that calibrates nothing: every nominal step scored the same (the
+    gate could not tell an unusual step from a usual one), or the quantile is 0 (no threshold at all)."""
+    finite = values[np.isfinite(values)]
+    what = f"{cfg.variance} variance of {cfg.signal}"
+    if np.ptp(finite) == 0.0:
+        raise UserError(f"{path}: all {len(finite)} nominal steps scored the same {what} ({finite[0]:.4g}), so no "
+                        "threshold separates an unusual step from a usual one; no gate (choose another "
+                        "--signal or --variance)")  # fmt: skip
+    if value <= 0.0:
+        raise UserError(f"{path}: the q={cfg.quantile} quantile of the {what} on {len(finite)} nominal steps is 0 "
+                        f"({int((finite <= 0).sum())} scored 0), which is no threshold and no gate (choose a "
+                        "higher --quantile or another --signal)")  # fmt: skip

@@ -146,4 +146,4 @@ def make_policy(spec: str, speed: SpeedConfig, n_samples: int = 16, seed: int = 
         return SteeringPolicy(model, n_samples, seed, control)
     if spec == "vision" or spec.startswith("vision:"):
         return VisionPolicy(spec.partition(":")[2] or "udacity", control)
-    raise UserError(f"--policy must be ckpt:PATH, vision or vision:carracing, got {spec!r}")
+    raise UserError(f"--driver must be vision or vision:carracing (or give --ckpt PATH), got {spec!r}")

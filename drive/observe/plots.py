@@ -59,35 +59,52 @@ def trace_figures(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _track_maps(cols: dict[str, np.ndarray], meta: dict[str, Any], panels: list[tuple[str, str]]) -> Any:
+    """One map per value in a grid of near-square cells (two or three columns), each with its colour bar beside it;
+    the key (track, car, threshold) fills the spare cell after the maps, where it covers no track."""
     plt = _pyplot()
-    track = None if meta.get("track") is None else np.asarray(meta["track"])
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
     from matplotlib.colors import LogNorm
+    from matplotlib.lines import Line2D
 
-    for ax, (key, title) in zip(axes[0], panels, strict=True):
+    track = None if meta.get("track") is None else np.asarray(meta["track"])
+    n_cols = 2 if len(panels) + 1 <= 4 else 3
+    n_rows = -(-(len(panels) + 1) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.8 * n_cols, 3.5 * n_rows + 0.5), squeeze=False)
+    cells = list(axes.flat)
+    threshold = cols.get("fallback_threshold")
+    shown_threshold = False
+    for ax, (key, title) in zip(cells, panels, strict=False):
         if track is not None:
             loop = np.vstack([track, track[:1]])
-            ax.plot(loop[:, 0], loop[:, 1], color="0.8", lw=6, zorder=0, label="track")
+            ax.plot(loop[:, 0], loop[:, 1], color="0.8", lw=6, zorder=0)
         values, norm, unit = cols[key], None, key
         if "var" in key:  # variances span decades (epistemic ~1e-6 beside aleatoric ~1e-2): a log colour scale
             values = np.maximum(values, 1e-12)
             finite = values[np.isfinite(values)]
             norm, unit = LogNorm(vmin=float(finite.min()), vmax=float(max(finite.max(), finite.min() * 10))), "log"
-        sc = ax.scatter(cols["x"], cols["y"], c=values, s=6, cmap="viridis", norm=norm, zorder=1, label="car, coloured")
-        bar = fig.colorbar(sc, ax=ax, shrink=0.75)
+        sc = ax.scatter(cols["x"], cols["y"], c=values, s=6, cmap="viridis", norm=norm, zorder=1)
+        bar = fig.colorbar(sc, ax=ax, shrink=0.8, pad=0.02)
         bar.set_label(f"{key} ({unit} scale)" if norm is not None else key, fontsize=7)
-        threshold = cols.get("fallback_threshold")
+        bar.ax.tick_params(labelsize=7)
         if "epistemic" in key and threshold is not None and np.isfinite(threshold).any():
             bar.ax.axhline(float(np.nanmax(threshold)), color="red", lw=2)  # the gate's threshold on the scale
-            ax.plot([], [], color="red", lw=2, label="fallback threshold (colour bar)")
-        ax.legend(loc="lower left", fontsize=6)
-        ax.set_title(title)
+            shown_threshold = True
+        ax.set_title(title, fontsize=10)
         ax.set_aspect("equal")
         ax.set_xticks([])
         ax.set_yticks([])
+    key_ax, *unused = cells[len(panels) :]
+    for ax in (key_ax, *unused):
+        ax.set_axis_off()
+    handles = [Line2D([], [], color="0.8", lw=6, label="track"),
+               Line2D([], [], ls="", marker="o", ms=4, color=plt.get_cmap("viridis")(0.6),
+                      label="car, coloured by the map's value\n(its colour bar beside it)")]  # fmt: skip
+    if shown_threshold:
+        handles.append(Line2D([], [], color="red", lw=2, label="fallback threshold\n(on the colour bar)"))
+    key_ax.legend(handles=handles, loc="center", fontsize=8, frameon=False)
     policy = portable_spec(str(meta.get("policy", "")))  # traces written before the recorder stored it portable
     fig.suptitle(f"seed {meta['seed']}: {policy} — values the model computed on this lap")
-    fig.subplots_adjust(left=0.02, right=0.97, top=0.85, bottom=0.03, wspace=0.15)
+    fig.subplots_adjust(left=0.02, right=0.96, top=1 - 0.7 / fig.get_figheight(), bottom=0.03, wspace=0.2,
+                        hspace=0.15)  # fmt: skip
     return fig
 
 

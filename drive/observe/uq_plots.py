@@ -5,6 +5,7 @@ legend; variances are drawn on a log axis (epistemic variances span 1e-9 to 1e-1
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,25 @@ def plot_robustness(table: Mapping[str, Sequence[Mapping[str, Any]]], path: Path
 
 
 def plot_eval(results: Mapping[str, Any], path: Path) -> Path | None:
-    """`drive eval` of a controller: failure prediction (AUROC and median lead per signal) and, with a fallback,
-    every seed's return with and without it. None when the results hold neither."""
+    """`drive eval` of a controller, written to `path` (`eval_figure`). None when the results hold nothing to draw."""
+    fig = eval_figure(results)
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=90)
+    _pyplot().close(fig)
+    return path
+
+
+def _say_why_empty(ax: Any, why: str) -> None:
+    """A panel with nothing to draw states why instead of showing an axis with no data (its title stays)."""
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, textwrap.fill(why, 42), ha="center", va="center", fontsize=8, transform=ax.transAxes)
+
+
+def eval_figure(results: Mapping[str, Any]) -> Any:
+    """Failure prediction (AUROC and median lead per signal) and, with a fallback, every seed's return with and
+    without it. A failure-prediction panel with no value to show (no events, none foreseen) says so in words.
+    None when the results hold neither."""
     reports = {k: v for k, v in results.items() if k.startswith("failure_prediction")}
     has_fallback = "episodes_no_fallback" in results
     if not reports and not has_fallback:
@@ -102,23 +120,38 @@ def plot_eval(results: Mapping[str, Any], path: Path) -> Path | None:
     col = 0
     if reports:
         width = 0.8 / len(reports)
+        bars = {}
         for i, (name, rep) in enumerate(sorted(reports.items())):
             label = {"failure_prediction": "with fallback" if has_fallback else "controller",
                      "failure_prediction_no_fallback": "without fallback"}.get(name, name)  # fmt: skip
             signals = list(rep["signals"])
-            x = np.arange(len(signals)) + i * width
             auc = [rep["signals"][s]["auroc"] or np.nan for s in signals]
             lead = [rep["signals"][s].get("median_lead_steps") or np.nan for s in signals]
-            axes[0, 0].bar(x, auc, width, label=label)
-            axes[0, 1].bar(x, lead, width, label=label)
-        for ax, title in ((axes[0, 0], f"AUROC: event within {rep['horizon']} steps"),
-                          (axes[0, 1], "median lead: threshold crossing -> event (steps)")):  # fmt: skip
+            bars[label] = (np.arange(len(signals)) + i * width, auc, lead)
+        horizon = rep["horizon"]
+        n_events = sum(sum(r.get("events", {}).values()) for r in reports.values())
+        no_events = "no failure event (off track, spin, stall) in these episodes"
+        panels = (
+            (axes[0, 0], 1, f"AUROC: event within {horizon} steps",
+             f"{no_events}: nothing to score" if not n_events else
+             f"no AUROC: every scored step is within {horizon} steps of an event, or none is"),
+            (axes[0, 1], 2, "median lead: threshold crossing -> event (steps)",
+             f"{no_events}: no lead time to show" if not n_events else
+             f"no event was foreseen: no signal crossed its threshold in the {horizon} steps before one"),
+        )  # fmt: skip
+        for ax, k, title, why in panels:
+            ax.set_title(title, fontsize=8)
+            if all(np.isnan(values[k]).all() for values in bars.values()):
+                _say_why_empty(ax, why)
+                continue
+            for label, values in bars.items():
+                ax.bar(values[0], values[k], width, label=label)
             ax.set_xticks(
                 np.arange(len(signals)) + 0.4 - width / 2, [s.replace("_", "\n") for s in signals], fontsize=7
             )
-            ax.set_title(title, fontsize=8)
             ax.legend(fontsize=6)
-        axes[0, 0].axhline(0.5, color="0.5", ls=":", lw=1)
+            if k == 1:
+                ax.axhline(0.5, color="0.5", ls=":", lw=1)
         col = 2
     if has_fallback:
         ax = axes[0, col]
@@ -133,9 +166,7 @@ def plot_eval(results: Mapping[str, Any], path: Path) -> Path | None:
         ax.xaxis.get_major_locator().set_params(integer=True)  # seeds are integers
         ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def plot_dagger_curve(points: Sequence[Mapping[str, Any]], path: Path) -> Path:

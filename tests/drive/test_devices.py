@@ -40,7 +40,7 @@ def test_tensors_move_through_one_place():
 @pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA: the refusal is what a CPU machine shows")
 @pytest.mark.parametrize("command", [
     ["train", "--controller", "gmle", "--task", "spiral", "--epochs", "1", "--device", "cuda"],
-    ["eval", "--policy", f"ckpt:{NSAC}", "--seeds", "1000", "--device", "cuda"],
+    ["eval", "--ckpt", str(NSAC), "--seeds", "1000", "--device", "cuda"],
 ])  # fmt: skip
 def test_a_missing_cuda_is_one_line_and_nothing_written(command, tmp_path, capsys):
     out = tmp_path / "out"

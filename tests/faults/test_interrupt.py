@@ -41,7 +41,10 @@ def test_ctrl_c_to_the_process_group_stops_collect_at_once_and_the_rerun_resumes
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the command and its workers
     _, err = proc.communicate(timeout=300)
     stopped = time.monotonic() - sent
-    assert proc.returncode == 130 and err.decode().split("\n") == ["drive collect: interrupted", ""], err.decode()
+    assert proc.returncode == 130 and err.decode().split("\n") == [
+        "drive collect: interrupted; rerun the same command to continue (what finished is kept)",
+        "",
+    ], err.decode()
     assert stopped < STOP_S, f"took {stopped:.1f} s to stop"
 
     manifest = read_manifest(out)

@@ -51,10 +51,10 @@ def test_connectless_simulator_gets_one_answer_per_frame_malformed_included(kind
 
 
 def test_shipped_checkpoint_drives_carracing_through_each_server(kind, tmp_path):
-    """`drive udacity drive --policy ckpt:checkpoints/udacity_nsac.pt` answers every frame, fuzzed ones included."""
+    """`drive udacity drive --ckpt checkpoints/udacity_nsac.pt` answers every frame, fuzzed ones included."""
     src = CarRacingSource(seed=3, max_steps=400)
-    argv = ["--policy", f"ckpt:{REPO / 'checkpoints' / 'udacity_nsac.pt'}", "--server", kind, "--max-steps", "40",
-            "--display", "none", "--n-samples", "4", "--run-dir", str(tmp_path)]  # fmt: skip
+    argv = ["--ckpt", str(REPO / 'checkpoints' / 'udacity_nsac.pt'), "--server", kind, "--max-steps", "40",
+            "--display", "none", "--samples", "4", "--run-dir", str(tmp_path)]  # fmt: skip
     try:
         code, report = _drive(argv, src, free_port(), malformed_every=5)
     finally:

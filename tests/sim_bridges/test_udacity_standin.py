@@ -175,7 +175,7 @@ def _drive(argv, source, port, timeout_s=3.0, **standin_cfg):
 def test_drive_command_logs_every_step_and_writes_the_overlay_video(real_log, tmp_path, monkeypatch):
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
     port = free_port()
-    code, report = _drive(["--policy", "vision", "--max-steps", "40", "--display", "auto", "--run-dir",
+    code, report = _drive(["--driver", "vision", "--max-steps", "40", "--display", "auto", "--run-dir",
                            str(tmp_path)], ReplaySource(real_log, limit=300, loop=True), port)  # fmt: skip
     # every frame answered while the link was up; when the drive stops, the simulator's two chains are in flight
     assert code == 0 and report.rejected == [] and report.unsolicited == 0 and report.outstanding <= 2
@@ -202,7 +202,7 @@ def test_drive_command_with_a_checkpoint_logs_uncertainty_and_gates(real_log, tm
     cfg = CONTROLLERS["nsac"](encoder=EncoderConfig(kind="nvidia", d_model=16))
     ckpt = save(tmp_path / "nsac.pt", kind="controller", name="nsac", config=config_to_dict(cfg), module=cfg.build())
     port = free_port()
-    argv = ["--policy", f"ckpt:{ckpt}", "--max-steps", "15", "--display", "none", "--n-samples", "4",
+    argv = ["--ckpt", str(ckpt), "--max-steps", "15", "--display", "none", "--samples", "4",
             "--gate-std", "1e-9", "--min-speed-mph", "3", "--run-dir", str(tmp_path / "run")]  # fmt: skip
     code, report = _drive(argv, ReplaySource(real_log, limit=100, loop=True), port)
     assert code == 0 and report.rejected == [] and report.unsolicited == 0 and report.outstanding <= 2
@@ -219,10 +219,10 @@ def test_drive_command_with_a_checkpoint_logs_uncertainty_and_gates(real_log, tm
 
 @pytest.mark.slow
 def test_carracing_lap_through_the_udacity_protocol_with_the_vision_policy(tmp_path, monkeypatch):
-    """`drive udacity drive --policy vision:carracing` completes a CarRacing lap from JPEG + speed alone."""
+    """`drive udacity drive --driver vision:carracing` completes a CarRacing lap from JPEG + speed alone."""
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
     src = CarRacingSource(seed=1, max_steps=3000)
-    argv = ["--policy", "vision:carracing", "--target-speed-mph", "90", "--min-speed-mph", "30",
+    argv = ["--driver", "vision:carracing", "--target-speed-mph", "90", "--min-speed-mph", "30",
             "--steer-slowdown", "0", "--kp", "0.08", "--max-brake", "0.6", "--display", "none",
             "--run-dir", str(tmp_path)]  # fmt: skip
     code, report = _drive(argv, src, free_port(), timeout_s=5.0)

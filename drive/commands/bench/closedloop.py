@@ -44,12 +44,12 @@ import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from datasets.files import atomic_write
 from datasets.root import portable
 from drive.errors import UserError
-from drive.loop.options import SHIPPED_CONTROLLER
+from drive.loop.options import SHIPPED_CONTROLLER, SHIPPED_HINT
 from drive.options import NonNegativeInt, PositiveInt
 from drive.studies.closedloop_envs import Row, bare_env, measure_envs, warm_up
 from drive.studies.closedloop_loops import collect2_row, collect_rows, eval_row, warm_up_loops
@@ -79,13 +79,13 @@ class Config:
     """step limit per collect episode"""
     expert: str = "ppo"
     """expert that drives the collect runs (ppo, pursuit)"""
-    policy: str = f"ckpt:{SHIPPED_CONTROLLER}"
-    """policy the eval runs drive"""
+    ckpt: Annotated[Path, SHIPPED_HINT] = SHIPPED_CONTROLLER
+    """the trained controller the eval runs drive"""
     samples: PositiveInt = 32
     """eval: stochastic samples per step"""
     collect_envs: tuple[int, ...] = (4,)
     """other cars per process (K) of the 1-worker collect runs, in the same rounds as `--envs 0`'s (one car): what
-    stepping K envs in turn costs against batching their expert calls (drive/loop/lanes.py AUTO_COLLECT_ENVS)"""
+    stepping K envs in turn costs against batching their expert calls (what `drive collect --envs 0` is set by)"""
     envs: tuple[int, ...] = (1, 4, 16, 32, 64)
     """eval: cars per process (K) of the 1-worker runs; the best per core runs again on 2 workers"""
     eval_episodes: PositiveInt = 64
@@ -99,13 +99,17 @@ class Config:
     """controller calls of the best K timed each way: back to back, after frame-less and after pixel env steps
     (0: not measured)"""
     stages: bool = True
-    """then run collect and eval (best K) once more with timers around their stages: where a step goes
-    (drive/studies/loop_stages.py)"""
+    """then run collect and eval (best K) once more with timers around their stages: where a step goes"""
     stages_only: bool = False
     """only those stage timings (eval at the largest --envs), no rows or ratios: about a minute"""
     envpool_python: str | None = None
     """python that runs the EnvPool row (default: this one); its row is skipped with a note where envpool does not
     import there"""
+
+    @property
+    def policy(self) -> str:
+        """the loop's policy spec of --ckpt"""
+        return f"ckpt:{self.ckpt}"
 
 
 def controller_calls(cfg: Config, k: int | None, console: Any) -> dict[str, float] | str:
@@ -113,10 +117,10 @@ def controller_calls(cfg: Config, k: int | None, console: Any) -> dict[str, floa
     (drive/studies/controller_calls.py): why eval stays below the bare env even with many cars per call."""
     from drive.studies.controller_calls import call_costs
 
-    if k is None or not cfg.policy.startswith("ckpt:") or cfg.controller_calls == 0:
-        return "not measured: no eval row, --policy is not a ckpt:PATH, or --controller-calls 0"
+    if k is None or cfg.controller_calls == 0:
+        return "not measured: no eval row, or --controller-calls 0"
     with console.status(f"timing the controller call of K={k} cars ..."):
-        ms = call_costs(cfg.policy.removeprefix("ckpt:"), k, cfg.samples, cfg.first_seed, cfg.controller_calls)
+        ms = call_costs(str(cfg.ckpt), k, cfg.samples, cfg.first_seed, cfg.controller_calls)
     console.print(f"one controller call, K={k} cars, S={cfg.samples} (CPU ms): back to back {ms['back_to_back']:.2f}, "
                   f"after {k} frame-less env steps {ms['after_state_steps']:.2f}, after {k} pixel env steps "
                   f"{ms['after_pixel_steps']:.2f} (drive/studies/controller_calls.py says why)")  # fmt: skip

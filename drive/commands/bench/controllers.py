@@ -21,6 +21,8 @@ from pathlib import Path
 from drive.errors import UserError
 from drive.options import NonNegativeInt, PositiveInt
 
+RESUMES = True  # rerunning the same command continues what an interrupted run left
+
 BUDGET = ("task.stride=4", "n_heads=4", "trainer.patience=0")
 
 
@@ -51,7 +53,7 @@ class Config:
     max_episode_steps: PositiveInt = 1000
     """closed-loop step limit per episode"""
     envs: NonNegativeInt = 0
-    """cars per process in the closed loop (0: drive eval's default)"""
+    """cars per process in the closed loop (0: as drive eval picks it)"""
     threads: PositiveInt = 1
     """torch CPU threads per process"""
     device: str = "cpu"

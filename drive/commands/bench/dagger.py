@@ -22,6 +22,8 @@ from drive.errors import UserError
 from drive.loop.options import DaggerOptions, EvalOptions
 from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Probability, Workers
 
+RESUMES = True  # rerunning the same command continues what an interrupted run left
+
 
 @dataclass(frozen=True)
 class Config:

@@ -25,6 +25,8 @@ from typing import Literal
 from drive.errors import UserError
 from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Workers
 
+RESUMES = True  # rerunning the same command continues what an interrupted run left
+
 DEFAULT_SHIFTS = (
     "blur:2", "blur:4", "motion_blur:9", "motion_blur:17", "fog:0.5", "fog:0.8", "darkness:0.5", "darkness:0.8",
     "jpeg:90", "jpeg:97", "rain:40", "hue:90", "occlusion:0.25", "domain_randomize", "steer_delay:6",

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from drive.options import PositiveInt
 
+RESUMES = True  # rerunning the same command continues what an interrupted run left
+
 
 @dataclass(frozen=True)
 class Config:

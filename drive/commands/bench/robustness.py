@@ -20,6 +20,8 @@ from drive.errors import UserError
 from drive.loop.options import EvalOptions
 from drive.options import NonNegativeInt, PositiveInt, Workers
 
+RESUMES = True  # rerunning the same command continues what an interrupted run left
+
 KEYS = ("mean_return", "min_return", "coverage90_steer", "epistemic_var_steer", "laps_finished")
 
 

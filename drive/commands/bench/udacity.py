@@ -39,8 +39,8 @@ class Config:
     controller: str = "nsac"
     """registry name of the untrained controller"""
     d_model: PositiveInt = 32
-    """token width of the untrained controller's nvidia encoder (the udacity task's default)"""
-    n_samples: PositiveInt = 16
+    """token width of the untrained controller's nvidia encoder (the udacity task's width)"""
+    samples: PositiveInt = 16
     """stochastic samples per prediction (S)"""
     frames: PositiveInt = 300
     """timed round trips per run"""
@@ -159,9 +159,9 @@ def run(cfg: Config) -> int:
     data = _data_dir(cfg)
     rows = read_driving_log(data)  # fails with the path if the data is not there
     model, name = _model(cfg)
-    policy = SteeringPolicy(model, cfg.n_samples, cfg.seed, SpeedController(SpeedConfig()))
+    policy = SteeringPolicy(model, cfg.samples, cfg.seed, SpeedController(SpeedConfig()))
     console = Console()
-    console.print(f"[bold]drive bench udacity[/]: {name}, S = {cfg.n_samples}, {cfg.frames} frames from {data}")
+    console.print(f"[bold]drive bench udacity[/]: {name}, S = {cfg.samples}, {cfg.frames} frames from {data}")
     frames = [decode_jpeg(p.read_bytes()) for p, *_ in rows[: cfg.frames + cfg.warmup]]
     alone = []
     for i, rgb in enumerate(frames):
@@ -175,7 +175,7 @@ def run(cfg: Config) -> int:
             import_eventlet()
         except TransportError as exc:
             raise UserError(str(exc)) from None
-    results = {"controller": name, "n_samples": cfg.n_samples, "threads": cfg.threads, "controller_alone": _pct(alone),
+    results = {"controller": name, "n_samples": cfg.samples, "threads": cfg.threads, "controller_alone": _pct(alone),
                "servers": {}, "default_server": DEFAULT_SERVER}  # fmt: skip
     for server in servers:
         runs = results["servers"][server] = {}

@@ -1,6 +1,7 @@
 """`drive fallback calibrate --ckpt PATH`: drive the controller alone on nominal laps, take a high quantile of its
-per-step epistemic variance as the fallback gate's threshold, and store it in the checkpoint (extra["fallback"]),
-so `drive eval --fallback` and `drive drive --fallback` use it without driving the laps again."""
+per-step epistemic (or total) variance as the fallback gate's threshold, and store it in the checkpoint
+(extra["fallback"]), so `drive eval --fallback` and `drive drive --fallback` use it without driving the laps again.
+A threshold that could never fire (a controller without epistemic variance, every step scored alike) is refused."""
 
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ class Config:
     seeds: str = "2000-2004"
     """nominal laps: track seeds apart from training and evaluation seeds"""
     quantile: FloatRange(0.0, 1.0, open_low=True) = 0.99
-    """the threshold is this quantile of the per-step epistemic variance on the nominal laps"""
+    """the threshold is this quantile of the per-step variance on the nominal laps"""
     signal: Literal["steer", "gas", "brake", "sum"] = "steer"
-    """which action's epistemic variance is the gate's score"""
+    """which action's variance is the gate's score"""
+    variance: Literal["epistemic", "total"] = "epistemic"
+    """which variance: epistemic (the samples' disagreement) or total (aleatoric + epistemic; for a controller
+    without epistemic variance, e.g. gmle); `drive eval --fallback expert:variance=total` reads a total one"""
     samples: PositiveInt | None = None
     """stochastic samples per step (default: the controller's own)"""
 
@@ -30,8 +34,8 @@ def run(cfg: Config) -> int:
     from drive.loop.fallback import FallbackConfig  # torch and the simulator: not for `--help`
     from drive.loop.thresholds import store_threshold
 
-    fb = FallbackConfig(quantile=cfg.quantile, signal=cfg.signal)
+    fb = FallbackConfig(quantile=cfg.quantile, signal=cfg.signal, variance=cfg.variance)
     value = store_threshold(cfg.ckpt, fb, parse_seeds(cfg.seeds), cfg.samples, {"name": "carracing"})
-    print(f"{cfg.ckpt}: fallback threshold {value:.4g} (q={cfg.quantile} of {cfg.signal} epistemic variance on "
+    print(f"{cfg.ckpt}: fallback threshold {value:.4g} (q={cfg.quantile} of {cfg.signal} {cfg.variance} variance on "
           f"seeds {cfg.seeds})")  # fmt: skip
     return 0

@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
+from datasets.root import portable
 from drive.errors import UserError
 from drive.loop.options import BridgeOptions, SpeedConfig
 from drive.options import NonNegativeInt, PositiveFloat, PositiveInt
@@ -26,10 +27,12 @@ from drive.options import NonNegativeInt, PositiveFloat, PositiveInt
 
 @dataclass(frozen=True)
 class Config(SpeedConfig, BridgeOptions):
-    policy: str = "vision"
-    """ckpt:PATH (a trained controller), vision (road follower, simulator camera), vision:carracing (stand-in)"""
-    n_samples: PositiveInt = 16
-    """stochastic samples per prediction (S) for ckpt policies"""
+    ckpt: Path | None = None
+    """a controller trained on Udacity frames (`drive train --data udacity:DIR`) that drives"""
+    driver: Literal["vision", "vision:carracing"] = "vision"
+    """without --ckpt: vision (a road follower on the simulator's camera) or vision:carracing (on the stand-in's)"""
+    samples: PositiveInt = 16
+    """--ckpt: stochastic samples per prediction (S)"""
     episodes: PositiveInt = 1
     """episodes to drive; an episode ends after max_steps or when no frame comes for timeout_s"""
     max_steps: NonNegativeInt = 0
@@ -57,7 +60,8 @@ def run(cfg: Config) -> int:
 
     tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     torch.set_num_threads(cfg.threads)
-    policy = make_policy(cfg.policy, cfg, cfg.n_samples, cfg.seed)  # a bad checkpoint fails before we bind a port
+    spec = f"ckpt:{cfg.ckpt}" if cfg.ckpt is not None else cfg.driver
+    policy = make_policy(spec, cfg, cfg.samples, cfg.seed)  # a bad checkpoint fails before we bind a port
     run_dir = Path(cfg.run_dir or f"runs/udacity_drive/{time.strftime('%Y%m%d-%H%M%S')}")
     if (run_dir / "steps.csv").exists():
         raise UserError(f"--run-dir {run_dir} holds another session's log: each session logs into a new directory")
@@ -66,7 +70,7 @@ def run(cfg: Config) -> int:
                      ping_interval=cfg.ping_interval_s, kind=checked_server(cfg.server))  # fmt: skip
     print(f"listening on ws://{cfg.host}:{env.server.port}/socket.io/ -- start the simulator in Autonomous Mode")
     run_dir.mkdir(parents=True, exist_ok=True)  # after the port is bound: a refused port leaves nothing behind
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    (run_dir / "config.json").write_text(json.dumps(portable(dataclasses.asdict(cfg)), indent=2, default=str))
     print(f"logging to {run_dir}", flush=True)
     steps = StepLog(run_dir)
     bar = tqdm(desc="frames", unit="frame", mininterval=1.0, delay=0.5)  # shown once frames come

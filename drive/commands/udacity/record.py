@@ -3,8 +3,8 @@
 Output: DIR/driving_log.csv in the simulator's own format (no header; `center, left, right, steering, throttle,
 brake, speed` separated by ", "; absolute image paths) and DIR/IMG/center_YYYY_MM_DD_HH_MM_SS_mmm.jpg -- the JPEG
 bytes exactly as received. Only the center camera travels over the protocol, so `left` and `right` are empty.
-steering/throttle/brake are the command answered for that frame (`--policy`); with `--policy manual` (the
-default: whoever drives the simulator drives) they are the car's own, read from the telemetry.
+steering/throttle/brake are the command answered for that frame (`--driver`, `--ckpt`); with `--driver manual`
+(the default: whoever drives the simulator drives) they are the car's own, read from the telemetry.
 
 Nothing already received is lost to a disconnect or a kill: each frame's image is written to a temporary file,
 fsynced and renamed into IMG/, then its csv row is appended with a single write() and fsynced -- all before the
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -28,8 +30,11 @@ from drive.options import NonNegativeFloat, NonNegativeInt, PositiveFloat
 class Config(BridgeOptions):
     out: str = field(kw_only=True)
     """directory for driving_log.csv and IMG/ (appended to if it exists)"""
-    policy: str = "manual"
-    """manual (answer `manual`: the simulator's driver drives), vision, vision:carracing or ckpt:PATH"""
+    driver: Literal["manual", "vision", "vision:carracing"] = "manual"
+    """manual (answer `manual`: the simulator's driver drives), vision (a road follower on the simulator's camera)
+    or vision:carracing (on the stand-in's); --ckpt drives instead"""
+    ckpt: Path | None = None
+    """a controller trained on Udacity frames that drives (instead of --driver)"""
     target_speed_mph: PositiveFloat = 20.0
     """speed target of a driving policy"""
     max_frames: NonNegativeInt = 0
@@ -48,8 +53,9 @@ def run(cfg: Config) -> int:
 
     tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     policy = None
-    if cfg.policy != "manual":
-        policy = make_policy(cfg.policy, SpeedConfig(target_speed_mph=cfg.target_speed_mph))
+    if cfg.ckpt is not None or cfg.driver != "manual":
+        spec = f"ckpt:{cfg.ckpt}" if cfg.ckpt is not None else cfg.driver
+        policy = make_policy(spec, SpeedConfig(target_speed_mph=cfg.target_speed_mph))
         policy.reset()
     writer = DrivingLogWriter(cfg.out)
     server = UdacityServer(cfg.host, cfg.port, ping_interval=cfg.ping_interval_s, kind=checked_server(cfg.server))

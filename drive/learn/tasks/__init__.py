@@ -159,12 +159,23 @@ def rebuild(fingerprint: dict[str, Any]) -> TaskData:
     return load(name, opts, None if data is None else Path(data), int(fingerprint.get("seed", 0)))
 
 
+def select_of(name: str) -> str:
+    """The validation score a task selects on by default (its module's SELECT, else the trainer's `select`), read
+    from source: no task is imported."""
+    try:
+        return str(fields.constant(TASKS[name], "SELECT"))
+    except LookupError:
+        return next(f.default for f in fields.dataclass_fields("drive.learn.options", "TrainerConfig")
+                    if f.name == "select").strip("'")  # fmt: skip
+
+
 def help_text() -> str:
     """Every task's options for `drive train --help`, one line each (`task.KEY=DEFAULT  help`), read from the task
     modules' source (drive/fields.py) so that printing them loads no task, nor torch."""
     lines = ["task options (--set task.KEY=VALUE), each task with its defaults:"]
     for name, path in TASKS.items():
         data = fields.constant(path, "DATA")
-        lines.append(f"  {name} (--task {name}; --data {data or 'none: it makes its own data'})")
+        lines.append(f"  {name} (--task {name}; --data {data or 'none: it makes its own data'}; best.pt and early "
+                     f"stopping on {select_of(name)})")  # fmt: skip
         lines.extend(fields.help_lines(fields.dataclass_fields(path, "Options"), "task."))
     return "\n".join(lines)

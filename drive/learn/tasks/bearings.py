@@ -109,7 +109,7 @@ class Options:
     protocol: Literal["time", "no_time"] = "time"
     """inputs: "time" = the paper's 16 (14 vibration features, Time, Temperature); "no_time" = 15, without Time"""
     test_scaling: Literal["train", "per_bearing"] = "train"
-    """test bearings standardised by the training scaler, or refitted on each test bearing (NSAC's rul_test.py)"""
+    """test bearings standardised by the training scaler, or refitted on each test bearing (as NSAC's authors test)"""
     both_scalings: bool = True
     """also score the paper's three test bearings under the other scaling (tests "BEARING@SCALING")"""
     bearings: Literal["paper", "all"] = "all"

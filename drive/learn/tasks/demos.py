@@ -56,6 +56,9 @@ from sim_bridges.carracing import ACTION_NAMES
 log = logging.getLogger(__name__)
 
 DATA = "DIR: a dataset recorded by `drive collect` (or `drive dagger`)"
+# the validation score best.pt and early stopping follow (trainer.select): the mean's squared error, since held-out
+# NLL rises with confidence while the mean still improves; `drive train --help` reads it from here
+SELECT = "val_mse"
 TARGETS = ACTION_NAMES
 # `drive bench controllers` (and `drive bench offline --task demos`): the six controllers and NSAC's variants, one
 # budget for all (the command's --epochs and --set); NSAC's backbone of 8 neurons is the shipped model's
@@ -79,7 +82,8 @@ class Options:
     LABEL: ClassVar[str] = "task"  # errors name fields as `--set task.KEY` does
 
     frame_coding: Literal["full", "cropped"] = "full"
-    """how frames are coded for the controller (datasets/frames.py); another recorded coding is re-coded from raw"""
+    """how frames are coded for the controller (full: the whole view, indicator bar kept; cropped: the bar cut off);
+    another recorded coding is re-coded from raw"""
     input: Literal["frames", "motion"] = "frames"
     """the stack as is, or [newest frame, frame differences]"""
     val_fraction: float = 0.1
@@ -227,7 +231,7 @@ def _task_data(train: StackDataset, val: StackDataset, test: StackDataset, k: in
         name="demos", train=train, val=val, test=test,
         encoder=EncoderConfig(kind="frames", n_tokens=k, d_model=32), out_dim=len(TARGETS), target_names=TARGETS,
         fingerprint=fingerprint, evaluate=evaluate,
-        train_defaults={"epochs": 8, "batch_size": 64, "lr": 1e-3, "patience": 3, "select": "val_mse"},
+        train_defaults={"epochs": 8, "batch_size": 64, "lr": 1e-3, "patience": 3, "select": SELECT},
     )  # fmt: skip
 
 
@@ -236,6 +240,13 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
         raise UserError("task 'demos' needs --data DIR (a dataset recorded by `drive collect`)")
     demos = Demonstrations(data, include_flagged=opts.include_flagged)
     seeds = demos.seeds[: opts.max_episodes] if opts.max_episodes > 0 else demos.seeds
+    needed = 1 + (opts.val_fraction > 0) + (opts.test_fraction > 0 and not opts.test_data)  # train, val, test
+    if demos.n_flagged and len(seeds) < needed:
+        total = len(demos.manifest["episodes"])
+        raise UserError(f"{data}: {demos.n_flagged} of {total} episode(s) are flagged (return below the dataset's "
+                        f"--min-return {demos.settings.get('min_return')}) and left out, {len(seeds)} left: too few "
+                        "to split into train/val/test; rerun its `drive collect` command with --min-return LOWER "
+                        "(e.g. 0; nothing is recorded again) or train with --set task.include_flagged=true")
     test_data = demos
     if opts.test_data:
         train_seeds, val_seeds, _ = split_seeds(seeds, opts.val_fraction, 0.0, seed)

@@ -100,7 +100,8 @@ class Options:
     eval_samples: int = 0
     """stochastic samples per evaluation prediction (0: the controller's default)"""
     frames: int = 1
-    """camera frames per input, the current one last (2: the previous frame too; see datasets/udacity_history.py)"""
+    """camera frames per input, the current one last (2: the previous frame too, which may score better offline than
+    it drives: docs/udacity.md)"""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "n_blocks")

@@ -60,7 +60,7 @@ def test_demo_records_the_expert_and_replays_the_controller(tmp_path, capsys, mo
 
 def test_demo_with_a_missing_controller_fails_clearly(tmp_path, capsys):
     code = main(["demo", "--out", str(tmp_path / "d"), "--episodes", "1", "--workers", "1", "--max-episode-steps",
-                 "20", "--video-steps", "5", "--controller", str(tmp_path / "nope.pt"), "--no-progress"])  # fmt: skip
+                 "20", "--video-steps", "5", "--ckpt", str(tmp_path / "nope.pt"), "--no-progress"])  # fmt: skip
     assert code == 2
     assert "nope.pt" in capsys.readouterr().err
     assert not (tmp_path / "d" / "demonstrations").exists()  # it failed before recording anything

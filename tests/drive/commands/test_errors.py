@@ -40,7 +40,7 @@ def test_a_checkpoint_carrying_pickled_code_is_refused_unrun(tmp_path, capsys):
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.pt"
     torch.save({"format": "drive-checkpoint", "payload": _Payload(str(marker))}, evil, pickle_protocol=2)
-    assert main(["eval", "--policy", f"ckpt:{evil}", "--seeds", "1"]) == 2
+    assert main(["eval", "--ckpt", str(evil), "--seeds", "1"]) == 2
     line = _one_line_error(capsys, "eval")
     assert "evil.pt" in line and "pickled" in line
     assert not marker.exists()  # the code never ran
@@ -49,14 +49,14 @@ def test_a_checkpoint_carrying_pickled_code_is_refused_unrun(tmp_path, capsys):
 def test_random_bytes_as_a_checkpoint(tmp_path, capsys):
     junk = tmp_path / "junk.pt"
     junk.write_bytes(os.urandom(4096))
-    assert main(["eval", "--policy", f"ckpt:{junk}", "--seeds", "1"]) == 2
+    assert main(["eval", "--ckpt", str(junk), "--seeds", "1"]) == 2
     assert "junk.pt: not a readable drive checkpoint" in _one_line_error(capsys, "eval")
 
 
 def test_an_expert_as_a_controller_and_the_reverse(capsys):
-    assert main(["eval", "--policy", f"ckpt:{SHIPPED_PPO}", "--seeds", "1"]) == 2
+    assert main(["eval", "--ckpt", str(SHIPPED_PPO), "--seeds", "1"]) == 2
     assert "is an expert" in _one_line_error(capsys, "eval")
-    assert main(["eval", "--policy", f"expert:{SHIPPED_NSAC}", "--seeds", "1"]) == 2
+    assert main(["eval", "--expert", str(SHIPPED_NSAC), "--seeds", "1"]) == 2
     assert "is a trained controller" in _one_line_error(capsys, "eval")
     assert main(["dagger", "--ckpt", str(SHIPPED_PPO), "--data", "nowhere", "--out", "x", "--seeds", "5"]) == 2
     _one_line_error(capsys, "dagger")
@@ -158,7 +158,7 @@ def test_a_port_that_cannot_be_bound(tmp_path, capsys):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        code = main(["udacity", "drive", "--policy", "vision", "--port", str(port), "--display", "none",
+        code = main(["udacity", "drive", "--driver", "vision", "--port", str(port), "--display", "none",
                      "--run-dir", str(tmp_path / "run"), "--connect-timeout-s", "1"])  # fmt: skip
     assert code == 2
     assert str(port) in _one_line_error(capsys, "udacity drive")
@@ -168,17 +168,17 @@ def test_debug_shows_the_traceback_and_unexpected_errors_keep_theirs(tmp_path):
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"\0" * 10)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    one = subprocess.run([sys.executable, "-m", "drive", "eval", "--policy", f"ckpt:{junk}", "--seeds", "1"],
+    one = subprocess.run([sys.executable, "-m", "drive", "eval", "--ckpt", str(junk), "--seeds", "1"],
                          capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
     assert one.returncode == 2 and "Traceback" not in one.stderr
-    debug = subprocess.run([sys.executable, "-m", "drive", "--debug", "eval", "--policy", f"ckpt:{junk}", "--seeds",
+    debug = subprocess.run([sys.executable, "-m", "drive", "--debug", "eval", "--ckpt", str(junk), "--seeds",
                             "1"], capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "CheckpointError" in debug.stderr
 
 
 def test_no_simulator_is_one_line_and_leaves_no_run_directory(tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(["udacity", "drive", "--policy", "vision", "--port", "0", "--display", "none", "--run-dir", str(run),
+    code = main(["udacity", "drive", "--driver", "vision", "--port", "0", "--display", "none", "--run-dir", str(run),
                  "--connect-timeout-s", "0.5"])  # fmt: skip
     assert code == 2
     assert "no telemetry" in _one_line_error(capsys, "udacity drive")
@@ -206,3 +206,46 @@ def test_a_group_word_lists_its_commands(capsys):
     assert listed and all(words[0] == "bench" for words in listed) and ["bench", "offline"] in listed
     assert main(["bench", "nope"]) == 2
     assert capsys.readouterr().err.strip() == "drive: error: unknown command 'bench nope' (drive --help lists them)"
+
+
+def test_a_missing_folder_and_a_folder_that_is_not_a_dataset(tmp_path, capsys):
+    missing, empty = tmp_path / "nope", tmp_path / "empty"
+    empty.mkdir()
+    assert main(["data", "info", str(missing)]) == 2
+    assert _one_line_error(capsys, "data info") == f"drive data info: error: {missing}: no such folder"
+    for argv, command in ((["data", "info", str(empty)], "data info"),
+                          (["train", "--controller", "gmle", "--data", str(empty), "--out", str(tmp_path / "r")],
+                           "train")):  # fmt: skip
+        assert main(argv) == 2
+        says = f"{empty}: holds no manifest.json, so it is not a recorded dataset (drive collect --out DIR records one)"
+        assert _one_line_error(capsys, command) == f"drive {command}: error: {says}"
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_system_error_reads_as_a_sentence(tmp_path, capsys):
+    from drive.errors import one_line
+
+    missing = tmp_path / "no log.csv"
+    assert main(["udacity", "standin", "--replay", str(missing)]) == 2
+    assert _one_line_error(capsys, "udacity standin").endswith(f"error: {missing}: no such file or directory")
+    assert one_line(FileNotFoundError(2, "No such file or directory", "x")) == "x: no such file or directory"
+    assert one_line(OSError(98, "Address already in use")) == "address already in use"
+    assert one_line(OSError(5, "I/O error")) == "I/O error"  # an acronym keeps its case
+    assert one_line(OSError("a message of our own")) == "a message of our own"
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["trian"], "unknown command 'trian' (did you mean 'train'? drive --help lists them)"),
+        (["trian", "--epochs", "3"], "unknown command 'trian' (did you mean 'train'? drive --help lists them)"),
+        (["bench", "scael"], "unknown command 'bench scael' (did you mean 'bench scale'? drive --help lists them)"),
+        (["bnech", "scale"], "unknown command 'bnech scale' (did you mean 'bench scale'? drive --help lists them)"),
+        (["fallback", "calibrat"], "unknown command 'fallback calibrat' (did you mean 'fallback calibrate'? "
+         "drive --help lists them)"),
+        (["xyzzy"], "unknown command 'xyzzy' (drive --help lists them)"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_command_is_told_the_closest_one(argv, says, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"drive: error: {says}"

@@ -90,13 +90,13 @@ def test_trainer_task_and_cross_field_values_are_checked_too(tmp_path, capsys, i
 @pytest.mark.parametrize("seeds", ["1,2,,3", "1,", ",1", "5-1", "-1", "1--3", "x", "1.5", " "])
 def test_a_malformed_seed_list_is_refused(capsys, monkeypatch, seeds):
     monkeypatch.setattr("drive.loop.evaluate.evaluate", pytest.fail)
-    assert main(["eval", "--env", "fake-road", "--policy", "expert:pursuit", "--seeds", seeds]) == 2
+    assert main(["eval", "--env", "fake-road", "--expert", "pursuit", "--seeds", seeds]) == 2
     assert "seed spec" in _one_line_error(capsys, "eval")
 
 
 def test_a_malformed_calibration_seed_list_is_refused_before_the_evaluation(capsys, monkeypatch):
     monkeypatch.setattr("drive.loop.evaluate.evaluate", pytest.fail)
-    assert main(["eval", "--env", "fake-road", "--policy", "expert:pursuit", "--calibrate-seeds", "2000,,2001"]) == 2
+    assert main(["eval", "--env", "fake-road", "--expert", "pursuit", "--calibrate-seeds", "2000,,2001"]) == 2
     assert "empty item" in _one_line_error(capsys, "eval")
 
 
@@ -150,7 +150,7 @@ def test_an_unwritable_output_fails_before_the_evaluation(tmp_path, capsys, monk
     blocker = tmp_path / "file.txt"  # a regular file where a folder is needed (chmod stops nobody when root)
     blocker.write_text("")
     target = blocker / "sub" / ("out.json" if option == "--out" else "trace")
-    argv = ["eval", "--env", "fake-road", "--policy", "expert:pursuit", "--seeds", "0", option, str(target)]
+    argv = ["eval", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0", option, str(target)]
     assert main(argv) == 2
     line = _one_line_error(capsys, "eval")
     assert f"{option} {target}: cannot write there ({blocker} is a file, not a folder)" in line
@@ -158,7 +158,7 @@ def test_an_unwritable_output_fails_before_the_evaluation(tmp_path, capsys, monk
 
 def test_eval_out_naming_a_folder_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("drive.loop.evaluate.evaluate", pytest.fail)
-    assert main(["eval", "--env", "fake-road", "--policy", "expert:pursuit", "--out", str(tmp_path)]) == 2
+    assert main(["eval", "--env", "fake-road", "--expert", "pursuit", "--out", str(tmp_path)]) == 2
     assert "is a folder; give a file path" in _one_line_error(capsys, "eval")
 
 

@@ -60,7 +60,7 @@ def test_record_writes_the_simulators_format_and_the_exact_bytes(real_log, tmp_p
         path = Path(m.group(1))
         assert path.parent == out.resolve() / "IMG" and re.fullmatch(r"center_\d{4}(_\d\d){5}_\d{3}\.jpg", path.name)
         assert path.read_bytes() == image.read_bytes()
-        # --policy manual: the car's own controls, as its telemetry reported them (N4 degrees -> normalised)
+        # --driver manual: the car's own controls, as its telemetry reported them (N4 degrees -> normalised)
         assert float(m.group(2)) == pytest.approx(steering, abs=1e-4 / MAX_STEER_DEG + 1e-7)
         assert float(m.group(3)) == pytest.approx(throttle, abs=1e-4) and float(m.group(4)) == 0
         assert float(m.group(5)) == pytest.approx(speed, abs=1e-4)
@@ -79,7 +79,7 @@ def test_recording_loads_with_the_project_loader(real_log, tmp_path):
 
 
 def test_record_with_a_policy_logs_the_commands_sent(real_log, tmp_path):
-    code, report, out = _record(tmp_path, ReplaySource(real_log, limit=30), {"policy": "vision"})
+    code, report, out = _record(tmp_path, ReplaySource(real_log, limit=30), {"driver": "vision"})
     rows = [ROW.match(r) for r in _rows(out)]
     assert code == 0 and len(rows) == 30 == report.steer_answers
     for m, (steering, throttle) in zip(rows, report.steer_values, strict=True):

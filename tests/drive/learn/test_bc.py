@@ -157,7 +157,7 @@ def test_collect_train_eval_replay(demos, tmp_path):
 
     out = tmp_path / "eval.json"
     trace_dir = tmp_path / "traces"
-    code = main(["eval", "--policy", f"ckpt:{run / 'best.pt'}", "--env", "fake-road", "--seeds", "100-101",
+    code = main(["eval", "--ckpt", str(run / 'best.pt'), "--env", "fake-road", "--seeds", "100-101",
                  "--max-episode-steps", str(EVAL_STEPS), "--out", str(out), "--trace", str(trace_dir),
                  "--fallback", "expert", "--calibrate-seeds", "200", "--samples", "8", "--no-progress"])  # fmt: skip
     assert code == 0

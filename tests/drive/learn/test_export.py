@@ -4,6 +4,7 @@ the sampled pass draws from the same predictive, and a controller that cannot ex
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -91,6 +92,17 @@ def test_a_controller_that_cannot_export_says_why(tmp_path, one_thread):
     with pytest.raises(export.ExportError, match="TorchScript trace failed"):
         export.export(model, encoder, "torchscript", tmp_path / "m.pt")
     assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.parametrize("missing", ["onnx", "onnxscript", "onnxruntime"])
+def test_onnx_without_the_export_extra_says_what_to_install(missing, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, missing, None)  # `import onnx` raises ImportError, as without the extra
+    out = tmp_path / "nsac.onnx"
+    assert main(["export", "--ckpt", str(SHIPPED), "--format", "onnx", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"drive export: error: --format onnx needs onnx, onnxscript and onnxruntime ({missing} is missing): "
+                   "pip install -e '.[export]' (the `export` extra)"]  # fmt: skip
+    assert not out.exists()
 
 
 def test_minari_export_holds_the_recorded_episodes(tmp_path):

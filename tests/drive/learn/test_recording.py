@@ -39,7 +39,7 @@ def _log_dir(tmp_path, csv="header_relative.csv"):
 
 
 def _eval(ckpt, data, out, *extra):
-    return main(["eval", "--policy", f"ckpt:{ckpt}", "--data", f"udacity:{data}", "--out", str(out), "--samples", "2",
+    return main(["eval", "--ckpt", str(ckpt), "--data", f"udacity:{data}", "--out", str(out), "--samples", "2",
                  "--no-progress", *extra])  # fmt: skip
 
 
@@ -101,13 +101,13 @@ def test_corrupt_jpeg_names_the_row_or_is_skipped_and_counted(ckpt, tmp_path, ca
 
 
 def test_bad_data_and_wrong_checkpoints_are_one_line_errors(ckpt, tmp_path, capsys):
-    assert main(["eval", "--policy", f"ckpt:{ckpt}", "--data", str(tmp_path)]) == 2
+    assert main(["eval", "--ckpt", str(ckpt), "--data", str(tmp_path)]) == 2
     assert "udacity:DIR" in capsys.readouterr().err
-    assert main(["eval", "--policy", "expert:ppo", "--data", f"udacity:{FIXTURES}"]) == 2
-    assert "ckpt:PATH" in capsys.readouterr().err
+    assert main(["eval", "--expert", "ppo", "--data", f"udacity:{FIXTURES}"]) == 2
+    assert "--ckpt PATH" in capsys.readouterr().err
     cfg = CONTROLLERS["gmle"](encoder=EncoderConfig(kind="features", in_dim=3))
     other = save(tmp_path / "f.pt", kind="controller", name="gmle", config=config_to_dict(cfg), module=cfg.build())
-    assert main(["eval", "--policy", f"ckpt:{other}", "--data", f"udacity:{FIXTURES}"]) == 2
+    assert main(["eval", "--ckpt", str(other), "--data", f"udacity:{FIXTURES}"]) == 2
     assert "Udacity frames" in capsys.readouterr().err
 
 

@@ -32,7 +32,7 @@ def test_rerunning_a_finished_run_prints_its_summary_and_another_command_is_refu
     out = capsys.readouterr().out
     assert f"{run}: the run is complete (1 epochs); nothing to train" in out and "training gmle" not in out
     summary = first[first.index("gmle on spiral") :]
-    assert out.endswith(summary) and "best epoch 1, val nll" in summary
+    assert out.endswith(summary) and "best epoch 1 of 1 (selected on val nll " in summary
     assert {name: (run / name).read_bytes() for name in kept} == kept
 
     other = [a.replace("task.n_obs=5", "task.n_obs=7") for a in command]  # no --resume: refused all the same
@@ -42,8 +42,11 @@ def test_rerunning_a_finished_run_prints_its_summary_and_another_command_is_refu
     assert "(data.options.n_obs, data.recipe.n_obs)" in err and "--resume-with-changes" in err
     assert {name: (run / name).read_bytes() for name in kept} == kept
 
-    assert main([*command[:4], "2", *TINY]) == 0  # more epochs: the finished run goes on
+    assert main([*command[:4], "2", *TINY]) == 0  # more epochs: the finished run goes on, and says so
     assert [r["epoch"] for r in _rows(run)] == [1, 2]
+    out = capsys.readouterr().out
+    assert f"{run}: the run finished 1 epochs; --epochs 2 extends it" in out
+    assert f"{run}: resuming at epoch 2 of 2 (1 finished; best val_nll " in out
 
 
 def test_rerunning_an_interrupted_run_continues_it_exactly(tmp_path, capsys, monkeypatch):
@@ -62,10 +65,12 @@ def test_rerunning_an_interrupted_run_continues_it_exactly(tmp_path, capsys, mon
     assert main(command) == 130
     assert [r["epoch"] for r in _rows(killed)] == [1] and not (killed / "metrics.json").exists()
     monkeypatch.setattr(trainer, "_train_epoch", original)
-    capsys.readouterr()
+    err = capsys.readouterr().err
+    assert err == "drive train: interrupted; rerun the same command to continue (what finished is kept)\n"
 
     assert main(command) == 0  # rerun, no --resume
-    assert "the run is complete" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "the run is complete" not in out and f"{killed}: resuming at epoch 2 of 2 (1 finished;" in out
     assert _rows(killed) == _rows(straight)
     ours = checkpoint.read(killed / "best.pt", kind="controller")["state_dict"]
     theirs = checkpoint.read(straight / "best.pt", kind="controller")["state_dict"]

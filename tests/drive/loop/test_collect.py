@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -153,8 +154,11 @@ def test_corrupt_truncated_or_missing_files_get_errors_naming_them(tmp_path):
     manifest.write_text(json.dumps(broken))
     with pytest.raises(DemonstrationError, match=r"manifest\.json: episodes\[0\] lacks field\(s\) \['sha256'\]"):
         Demonstrations(tmp_path)
-    with pytest.raises(DemonstrationError, match="no manifest"):
+    with pytest.raises(DemonstrationError, match="nowhere: no such folder"):
         Demonstrations(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DemonstrationError, match=r"empty: holds no manifest\.json, so it is not a recorded dataset"):
+        Demonstrations(tmp_path / "empty")
 
 
 def test_resume_refuses_other_settings_and_a_second_writer(tmp_path):
@@ -282,6 +286,17 @@ def test_cli_collect_and_data_info(tmp_path, capsys):
     assert "2 (2 usable, 0 flagged)" in capsys.readouterr().out
     assert main(["collect", "--env", "fake-road", "--expert", "ppo", "--seeds", "0", "--out", str(tmp_path / "x")]) == 2
     assert "only its scripted driver" in capsys.readouterr().err
+
+
+def test_the_inspect_hint_is_a_command_that_runs_for_a_path_with_spaces(tmp_path, capsys):
+    out = tmp_path / "my demos"
+    assert main(["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0", "--max-episode-steps", "20",
+                 "--min-return", "-1000", "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    hint = [line for line in capsys.readouterr().out.splitlines() if line.startswith("inspect with: ")]
+    assert len(hint) == 1
+    words = shlex.split(hint[0].removeprefix("inspect with: "))
+    assert words == ["drive", "data", "info", str(out)]  # pasted into a shell, the path stays one word
+    assert main(words[1:]) == 0
 
 
 def test_carracing_round_trip_with_raw_frames(tmp_path):

@@ -24,8 +24,8 @@ def test_eval_json_has_per_episode_records_and_summary(tmp_path, capsys):
     code = main(
         [
             "eval",
-            "--policy",
-            "expert:pursuit",
+            "--expert",
+            "pursuit",
             "--env",
             "fake-road",
             "--seeds",
@@ -70,7 +70,8 @@ def test_policy_specs():
         with pytest.raises(ValueError, match="expected KIND:ARG"):
             parse_policy_spec(bad)
     assert set(POLICY_KINDS) >= {"expert"}
-    assert main(["eval", "--policy", "ppo", "--env", "fake-road", "--seeds", "0"]) == 2
+    assert main(["eval", "--expert", "no-such-expert", "--env", "fake-road", "--seeds", "0"]) == 2
+    assert main(["eval", "--expert", "pursuit", "--ckpt", "x.pt", "--env", "fake-road", "--seeds", "0"]) == 2
 
 
 def test_expert_eval_in_state_mode_matches_the_pixel_env():
@@ -176,3 +177,34 @@ def test_describe_names_failure_events_in_words_and_says_when_there_is_nothing_t
     text = describe({"failure_prediction": scored})
     assert "epistemic_steer AUROC 0.812, median lead 12 steps" in text
     assert "total_steer AUROC 0.500, median lead n/a" in text
+
+
+def test_each_progress_bar_says_which_phase_it_counts(tmp_path, monkeypatch):
+    # a controller with a fallback and failure prediction runs three bars; the last used to read "nominal 5/5"
+    import torch
+
+    from agents.encoders import EncoderConfig
+    from agents.nsac import NSACConfig
+    from agents.registry import config_to_dict
+    from drive import checkpoint
+    from drive.loop import evaluate as evaluate_module
+    from drive.loop.options import EvalOptions
+
+    torch.manual_seed(0)
+    cfg = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    path = tmp_path / "nsac.pt"
+    checkpoint.save(path, kind="controller", name="nsac", config=config_to_dict(cfg), module=cfg.build())
+    labels, run_tasks = [], evaluate_module.run_tasks
+
+    def spy(*args, label, **kwargs):
+        labels.append(label)
+        return run_tasks(*args, label=label, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "run_tasks", spy)
+    opts = EvalOptions(policy=f"ckpt:{path}", seeds="7", max_episode_steps=8, samples=2, shadow="pursuit",
+                       fallback="expert", fallback_threshold=1.0, calibrate_seeds="8", failure_horizon=5,
+                       progress=False)  # fmt: skip
+    evaluate(opts)
+    assert labels == ["eval, fallback on", "eval, fallback off", "alarm calibration laps"]
+    assert evaluate_module.phase_label("") == "eval"  # no fallback: one bar, the seeds
+    assert max(len(label) for label in labels) <= 22  # the bar, counts and frames/s still fit 80 columns

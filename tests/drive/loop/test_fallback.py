@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -183,3 +185,53 @@ def test_the_closed_loop_acts_on_a_closed_form_predictive_where_the_method_has_o
     assert np.array_equal(steps[0].mean, steps[1].mean)
     assert np.allclose(steps[0].mean, exact.mean[0].numpy()) and (steps[0].epistemic_var > 0).all()
     assert np.allclose(steps[0].epistemic_var, exact.epistemic_var[0].numpy())
+
+
+def _tiny_checkpoint(path, name: str):
+    from agents.encoders import EncoderConfig
+    from agents.registry import CONTROLLERS, config_to_dict
+    from drive import checkpoint
+
+    torch.manual_seed(0)
+    cfg = CONTROLLERS[name](encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    checkpoint.save(path, kind="controller", name=name, config=config_to_dict(cfg), module=cfg.build())
+    return path
+
+
+@pytest.mark.parametrize(
+    "name, options, says",
+    [
+        ("gmle", [], "controller gmle has no epistemic variance (its samples never disagree), so an epistemic gate "
+         "could never fire: calibrate on its total variance instead (--variance total"),
+        ("nsac", ["--samples", "1"], "with --samples 1 controller nsac's samples cannot disagree, so its epistemic "
+         "variance is 0 and an epistemic gate could never fire: give --samples 2 or more"),
+    ],
+)  # fmt: skip
+def test_a_gate_that_could_never_fire_is_refused_before_any_lap_and_nothing_stored(name, options, says, tmp_path,
+                                                                                   capsys):  # fmt: skip
+    """GMLE's samples never disagree (epistemic variance exactly 0): its calibrated threshold would be 0 and the
+    gate would never fire. Refused in one line naming what works instead; so is any controller at --samples 1."""
+    from drive.cli import main
+
+    path = _tiny_checkpoint(tmp_path / f"{name}.pt", name)
+    before = path.read_bytes()
+    assert main(["fallback", "calibrate", "--ckpt", str(path), *options, "--seeds", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"drive fallback calibrate: error: {path}: {says}"), err
+    assert path.read_bytes() == before  # nothing written
+
+
+def test_a_threshold_that_separates_nothing_is_not_stored(tmp_path, monkeypatch):
+    from drive.errors import UserError
+    from drive.loop import thresholds
+
+    path = _tiny_checkpoint(tmp_path / "nsac.pt", "nsac")
+    before = path.read_bytes()
+    env = {"name": "fake-road", "max_episode_steps": 30}
+    for scores, quantile, says in ((np.full(30, 0.25), 0.99, "all 30 nominal steps scored the same"),
+                                   (np.r_[np.zeros(99), 1.0], 0.9, "quantile of the epistemic variance of steer on "
+                                    "100 nominal steps is 0 (99 scored 0)")):  # fmt: skip
+        monkeypatch.setattr(thresholds, "nominal_scores", lambda *args, s=scores: s)
+        with pytest.raises(UserError, match=re.escape(says)):
+            thresholds.store_threshold(path, FallbackConfig(quantile=quantile), [3], n_samples=8, env_kwargs=env)
+    assert path.read_bytes() == before

@@ -102,6 +102,21 @@ def test_an_unreachable_ray_address_is_one_line_in_seconds(tmp_path, capsys, mon
     assert not ray.is_initialized()
 
 
+def test_an_unreachable_ray_address_stops_eval_before_its_output_folders_exist(tmp_path, capsys, monkeypatch):
+    ray = _ray()
+    monkeypatch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)  # as above: the loopback address
+    address = f"127.0.0.1:{_closed_port()}"
+    out, trace = tmp_path / "new" / "eval.json", tmp_path / "trace"
+    start = time.monotonic()
+    code = main(["eval", "--env", "fake-road", "--seeds", "0-1", "--ray", address, "--no-progress", "--out", str(out),
+                 "--trace", str(trace)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and time.monotonic() - start < 5
+    assert len(err) == 1 and err[0].startswith(f"drive eval: error: --ray {address}: no Ray cluster answers"), err
+    assert not out.parent.exists() and not trace.exists()  # checking --out / --trace would have made them
+    assert not ray.is_initialized()
+
+
 def _worker_state(i: int, tick) -> tuple[int, bool, int]:
     """What a worker holds when its task starts: its pid, whether torch came with it, OpenCV's threads."""
     inherited = "torch" in sys.modules  # before anything here imports it: a spawned worker would not have it

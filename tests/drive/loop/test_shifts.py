@@ -218,7 +218,7 @@ def test_no_shift_is_the_env_itself():
 
 def test_drive_eval_perturb_runs_a_held_out_family(tmp_path, capsys):
     out = tmp_path / "fog.json"
-    argv = ["eval", "--policy", f"ckpt:{NSAC}", "--seeds", "1000", "--max-episode-steps", "20", "--perturb", "fog:0.5",
+    argv = ["eval", "--ckpt", str(NSAC), "--seeds", "1000", "--max-episode-steps", "20", "--perturb", "fog:0.5",
             "--no-progress", "--failure-horizon", "0", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     result = json.loads(out.read_text())

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from PIL import Image
 
-from drive.observe.plots import _pyplot, plot_trace, trace_figures
+from drive.observe.plots import MAP_PANELS, _pyplot, plot_trace, trace_figures
 from drive.observe.trace import portable_path, portable_spec, read_trace, write_trace
 from sim_bridges.carracing import ACTION_NAMES
 
@@ -91,3 +92,21 @@ def test_the_recorder_stores_no_absolute_path(tmp_path):
     env.close()
     _, meta = read_trace(recorder.paths[0])
     assert meta["policy"] == "expert:carracing_nsac.pt"
+
+
+def test_the_maps_sit_in_a_readable_grid_with_the_key_off_the_track(figures, tmp_path):
+    # they used to be a 1890x378 strip of five small maps, each with its legend drawn over the track
+    fig = figures["map"]
+    fig.canvas.draw()
+    maps = [ax for ax in fig.axes if ax.get_title()]  # not the colour bars nor the key's cell
+    assert [ax.get_title() for ax in maps] == [title for _, title in MAP_PANELS]
+    assert all(ax.collections for ax in maps)  # the car's coloured points
+    legends = [legend for ax in fig.axes if (legend := ax.get_legend()) is not None] + fig.legends
+    assert legends, "the track, car and threshold key is drawn"
+    for legend in legends:
+        box = legend.get_window_extent()
+        assert not any(box.overlaps(ax.get_window_extent()) for ax in maps), "a key covers a map"
+    png = plot_trace(tmp_path / "trace_seed000007.parquet")[0]
+    width, height = Image.open(png).size
+    assert 0.4 <= height / width <= 1.5, (width, height)
+    assert min(ax.get_window_extent().width for ax in maps) >= 0.2 * fig.bbox.width  # each map a cell, not a sliver

@@ -107,11 +107,11 @@ def test_overlay_steering_band_stays_on_the_steering_axis():
 def test_drive_headless_writes_the_video_and_trace(ckpt, tmp_path, monkeypatch):
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
     out = tmp_path / "live.mp4"
-    code = main(["drive", "--policy", f"ckpt:{ckpt}", "--env", "fake-road", "--shadow", "pursuit", "--seeds", "4",
+    code = main(["drive", "--ckpt", str(ckpt), "--env", "fake-road", "--shadow", "pursuit", "--seeds", "4",
                  "--max-episode-steps", "20", "--video", str(out), "--trace", str(tmp_path / "tr"),
                  "--samples", "4"])  # fmt: skip
     assert code == 0
     assert len(read_video(out)) == 20
     table, _ = read_trace(tmp_path / "tr" / "trace_seed000004.parquet")
     assert table.num_rows == 20
-    assert main(["drive", "--policy", "expert:ppo"]) == 2
+    assert main(["drive", "--expert", "ppo"]) == 2

@@ -3,7 +3,7 @@ from unittest import mock
 import numpy as np
 from matplotlib.axes import Axes
 
-from drive.observe.uq_plots import plot_eval, plot_ood_scores
+from drive.observe.uq_plots import eval_figure, plot_eval, plot_ood_scores
 
 
 def _report(auroc: float) -> dict:
@@ -17,6 +17,31 @@ def test_plot_eval_draws_failure_prediction_and_fallback(tmp_path):
                "episodes": episodes, "episodes_no_fallback": [{**e, "return": 899.0} for e in episodes]}  # fmt: skip
     path = plot_eval(results, tmp_path / "eval.png")
     assert path is not None and path.stat().st_size > 10_000
+
+
+def _empty_panel_text(ax) -> str:
+    """The panel's explanation, after checking it shows no axis, bar, line or legend to misread."""
+    assert not ax.axison and not ax.patches and not ax.lines and ax.get_legend() is None
+    assert len(ax.texts) == 1
+    return ax.texts[0].get_text().replace("\n", " ")
+
+
+def test_eval_figure_says_in_words_why_a_panel_has_nothing_to_show():
+    signals = ("epistemic_steer", "total_steer")
+    quiet = {"horizon": 25, "events": {"off_track": 0, "spin": 0, "stall": 0},
+             "signals": {s: {"auroc": None, "median_lead_steps": None} for s in signals}}  # fmt: skip
+    auroc, lead = eval_figure({"failure_prediction": quiet}).axes
+    assert "no failure event" in _empty_panel_text(lead) and "no lead time to show" in _empty_panel_text(lead)
+    assert "nothing to score" in _empty_panel_text(auroc)
+    assert lead.get_title().startswith("median lead")  # which panel it is stays readable
+    # events, scored, but no alarm ran ahead of any: the AUROC bars are drawn, the lead panel says why it is empty
+    missed = {**quiet, "events": {"off_track": 2, "spin": 0, "stall": 0},
+              "signals": {s: {"auroc": 0.6, "median_lead_steps": None} for s in signals}}  # fmt: skip
+    auroc, lead = eval_figure({"failure_prediction": missed}).axes
+    assert "no event was foreseen" in _empty_panel_text(lead)
+    assert auroc.axison and len(auroc.patches) == 2 and not auroc.texts
+    fig = eval_figure({"failure_prediction": _report(0.9)})
+    assert all(ax.axison and len(ax.patches) == 2 and not ax.texts for ax in fig.axes)  # leads: bars as before
 
 
 def test_plot_eval_without_reports_draws_nothing(tmp_path):
