@@ -59,7 +59,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "render"): "Benchmark: the fast CarRacing renderer against the stock one, per frame.",
     ("bench", "closedloop"): "Benchmark: steps per CPU-second from the bare env (stock, ours, EnvPool) to collect and "
     "eval (K cars, 1-2 workers), with ratios.",
-    ("bench", "misbehaviour"): "Benchmark: misbehaviour prediction (field protocol: TTM windows, F3) and prevention.",
+    ("bench", "misbehaviour"): "Benchmark: misbehaviour prediction (TTM windows scored alike, F3) and prevention.",
     ("bench", "scale"): "Benchmark: collection on 1, 2 Ray workers and training on 1, 2 DDP ranks, with ratios.",
     ("bench", "controllers"): "Benchmark: six controllers at one budget over seeds, offline, closed loop and OOD, with "
     "95 % intervals.",

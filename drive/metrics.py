@@ -26,7 +26,13 @@ Definitions (stated because the literature uses several):
   score than an in-distribution one, ties counted one half (Mann-Whitney U / (n_in * n_out)).
 - average_precision(positive, negative): sklearn's average_precision_score (AUPRC), reproduced without sklearn.
 - bootstrap(statistic, sizes): a percentile interval over resamples with replacement, strata resampled apart (the
-  misbehaviour protocol's episodes, drive/studies/protocol.py).
+  misbehaviour protocol's episodes, drive/studies/protocol.py). Percentiles of the replicates: the interval stays
+  inside the statistic's range.
+- wilson(k, n, z): the Wilson score interval of a proportion k / n, (c -+ h) with c = (k + z^2/2) / (n + z^2) and
+  h = z / (n + z^2) sqrt(k (n - k) / n + z^2 / 4) (Wilson 1927); inside [0, 1], unlike p -+ z sqrt(p (1 - p) / n).
+- holm(pvalues): Holm-Bonferroni adjusted p-values (Holm 1979), the i-th smallest of m becoming
+  max over j <= i of min(1, (m - j + 1) p_(j)); those <= alpha are the rejections of Holm's step-down procedure
+  at family-wise level alpha (statsmodels' multipletests(method="holm")).
 """
 
 from __future__ import annotations
@@ -189,6 +195,29 @@ def bootstrap(statistic: Callable[..., Any], sizes: Sequence[int], n_boot: int =
     return low, high
 
 
+def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval (low, high) of the proportion k / n; NaN for n = 0."""
+    if n < 0 or not 0 <= k <= max(n, 0):
+        raise ValueError(f"wilson needs 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return math.nan, math.nan
+    center = (k + z * z / 2) / (n + z * z)
+    half = z / (n + z * z) * math.sqrt(k * (n - k) / n + z * z / 4)
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """(m,) Holm-Bonferroni adjusted p-values, in the order given."""
+    p = np.asarray(pvalues, np.float64)
+    if p.ndim != 1 or not np.all((p >= 0) & (p <= 1)):
+        raise ValueError(f"holm needs a 1-D array of p-values in [0, 1], got {p}")
+    order = np.argsort(p, kind="mergesort")
+    steps = np.minimum(1.0, (len(p) - np.arange(len(p))) * p[order])  # (m - j + 1) p_(j), j = 1..m
+    out = np.empty_like(p)
+    out[order] = np.maximum.accumulate(steps)
+    return out
+
+
 # -- uncertainty decomposition -----------------------------------------------------------------------------------------
 def decomposition(aleatoric_var: Any, epistemic_var: Any) -> dict[str, float]:
     ale, epi = _np(aleatoric_var), _np(epistemic_var)
@@ -248,6 +277,7 @@ __all__ = [
     "ece",
     "gaussian_nll",
     "gaussian_nll_elementwise",
+    "holm",
     "interval",
     "mae",
     "mse",
@@ -255,4 +285,5 @@ __all__ = [
     "pit_wasserstein",
     "regression_report",
     "rmse",
+    "wilson",
 ]

@@ -1,4 +1,5 @@
-"""`drive bench misbehaviour`: misbehaviour prediction and prevention in closed loop, scored as the field scores it.
+"""`drive bench misbehaviour`: misbehaviour prediction and prevention in closed loop, on the field's protocol with our
+departures (drive/studies/protocol.py; `Plan.protocol` "field" scores by their rules, and ours shows theirs beside).
 
 A grid of cells, one per (controller, condition[, fallback]): `nominal` (clean camera, the false-positive windows) and
 each shift spec (drive/loop/perturb.py grammar: `KIND:LEVEL`, `domain_randomize`, a user's `module:function:LEVEL`,
@@ -10,10 +11,14 @@ drive/studies/monitoring.py). A finished cell is one file, `cells/<controller>/<
 record and per-step arrays), written atomically: a killed benchmark rerun with the same arguments keeps every
 finished cell and runs the rest (cells are the unit of resumption: a cell's episodes run together).
 
-The prevention cells rerun each shifted condition (and nominal) with the uncertainty-gated fallback engaged at the
-threshold the protocol fits on the nominal cell's epistemic steering variance at `--level` (the Gamma fit of the
-field, drive/studies/protocol.py), so "prevented" and "false alarms" use the detector the prediction table scores.
-drive/studies/misbehaviour_report.py turns the cells into results.json, results.md and plots.
+The prevention cells rerun each shifted condition (and nominal) with the uncertainty-gated fallback engaged on the
+declared monitor (`Plan.gate_signal`, fixed before the run: the summed epistemic variance by default; the headline
+row of the prediction table is the same monitor) at the threshold the protocol fits on it at `--level` over every
+other nominal seed (1st, 3rd, ...); the gated nominal cell runs on the other nominal seeds, so its false alarms are
+counted out of sample. "Prevented" and "false alarms" use the detector the prediction table scores.
+drive/studies/misbehaviour_report.py turns the cells into results.json, results.md and plots; each controller's
+ungated cells are also written as records, one Parquet row per step (drive/studies/misbehaviour_records.py), which
+`score_records` scores again without driving.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +40,11 @@ from drive.loop.evaluate import evaluate_episodes
 from drive.loop.lanes import episodes_in
 from drive.loop.pool import run_tasks
 from drive.options import Workers
+from drive.studies import misbehaviour_records as records
 from drive.studies import misbehaviour_report as report
 from drive.studies.misbehaviour_report import NOMINAL
 from drive.studies.monitoring import MonitorFactory
+from drive.studies.protocol import CONFIDENCE_LEVELS, FIELD, SCORINGS, TTMS, ProtocolConfig
 
 
 @dataclass(frozen=True)
@@ -147,9 +154,15 @@ def ensure_cell(out: Path, cell: Cell, run: RunSettings) -> dict[str, Any]:
     return load_cell(path)
 
 
+# the monitors a gate can read every step (drive/loop/fallback.py): monitor -> (its signal, its variance)
+GATES = {"epistemic_sum": ("sum", "epistemic"), "epistemic_steer": ("steer", "epistemic"),
+         "total_steer": ("steer", "total")}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Plan:
-    """What a benchmark runs and how it is scored."""
+    """What a benchmark runs and how it is scored. The headline's level and TTM are scored too, whichever levels and
+    TTMs the tables list (any level in (0, 1), any whole TTM >= 1: drive/studies/protocol.py)."""
 
     controllers: tuple[str, ...]
     shifts: tuple[str, ...]
@@ -160,18 +173,64 @@ class Plan:
     ttm: int = 2
     n_boot: int = 1000
     seed: int = 0
-    levels: tuple[float, ...] = (0.95, 0.99, 0.999, 0.9999, 0.99999)
-    ttms: tuple[int, ...] = (1, 2, 3)
+    levels: tuple[float, ...] = CONFIDENCE_LEVELS
+    ttms: tuple[int, ...] = TTMS
+    protocol: str = "alike"
+    """alike (ours: protocol.ProtocolConfig()) or field (protocol.FIELD, the field's rules)"""
+    monitors: tuple[str, ...] = ()
+    """your monitors, module:function each (drive/studies/misbehaviour_records.py)"""
+    gate_signal: str = "epistemic_sum"
+    """the declared monitor, fixed before the run: the headline's row and the signal the fallback gates on"""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.level < 1 or int(self.ttm) != self.ttm or self.ttm < 1 or self.protocol not in SCORINGS:
+            raise ValueError(f"Plan: level in (0, 1), a whole ttm >= 1, protocol in {SCORINGS}; got {self.level}, "
+                             f"{self.ttm}, {self.protocol!r}")  # fmt: skip
+        if self.gate_signal not in GATES:
+            raise ValueError(f"Plan: gate_signal {self.gate_signal!r}, choose one of {sorted(GATES)}")
+        object.__setattr__(self, "levels", tuple(sorted({*self.levels, self.level})))
+        object.__setattr__(self, "ttms", tuple(sorted({*self.ttms, self.ttm})))
+
+    @property
+    def protocol_config(self) -> ProtocolConfig:
+        return FIELD if self.protocol == "field" else ProtocolConfig()
+
+    @property
+    def gate(self) -> str:
+        """The fallback spec of the prevention cells: the mode, gating on the declared monitor."""
+        signal, variance = GATES[self.gate_signal]
+        return f"{self.fallback}:signal={signal},variance={variance}"
+
+    @property
+    def calibration_seeds(self) -> tuple[int, ...]:
+        """The nominal seeds the gate's threshold is fitted on (1st, 3rd, ...); the others measure its false alarms."""
+        return self.nominal_seeds[0::2] if len(self.nominal_seeds) > 1 else self.nominal_seeds
+
+    @property
+    def false_alarm_seeds(self) -> tuple[int, ...]:
+        return self.nominal_seeds[1::2] if len(self.nominal_seeds) > 1 else self.nominal_seeds
+
+
+def _results(plan: Plan, settings: dict[str, Any]) -> dict[str, Any]:
+    return {"plan": {**plan.__dict__}, "protocol": report.protocol_settings(plan.protocol_config),
+            "settings": settings, "controllers": {}, "published": report.PUBLISHED}  # fmt: skip
+
+
+def _predicted(plan: Plan, cells: dict[str, Any], families: dict[str, tuple[str, bool]] | None = None) -> dict:
+    """A controller's prediction tables and episode counts from its ungated cells ({condition: cell})."""
+    return {"prediction": report.prediction(cells, plan.protocol_config, plan.levels, plan.ttms, plan.n_boot,
+                                            plan.seed, (plan.level, plan.ttm), families),
+            "episodes": {c: _summary(v) for c, v in cells.items()}}  # fmt: skip
 
 
 def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) -> dict[str, Any]:
-    """Every cell (run if missing, unless `run_missing` is False: then only the finished ones count), then the
-    tables of drive/studies/misbehaviour_report.py; returns results.json's dict."""
-    from drive.studies.protocol import ProtocolConfig
-
-    cfg = ProtocolConfig()
-    results: dict[str, Any] = {"plan": {**plan.__dict__}, "protocol": report.protocol_settings(cfg),
-                               "settings": run.__dict__, "controllers": {}, "published": report.PUBLISHED}  # fmt: skip
+    """Every cell (run if missing, unless `run_missing` is False: then only the finished ones count), each
+    controller's records (DIR/records/, misbehaviour_records.py), then the tables of
+    drive/studies/misbehaviour_report.py; returns results.json's dict."""
+    cfg = plan.protocol_config
+    monitors = records.load_monitors(plan.monitors)
+    results = _results(plan, run.__dict__)
+    results["records"] = []
     seconds = 0.0
 
     def cell(c: Cell) -> dict[str, Any] | None:
@@ -182,7 +241,7 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
         seconds += float(got.get("seconds", 0.0))
         return got
 
-    for controller in plan.controllers:
+    for position, controller in enumerate(plan.controllers):
         entry: dict[str, Any] = {}
         cells: dict[str, Any] = {}
         for condition in (NOMINAL, *plan.shifts):
@@ -190,22 +249,28 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
             got = cell(Cell(controller, condition, seeds))
             if got is not None:
                 cells[condition] = got
+        records.with_monitors(cells, monitors)
+        if any(c["episodes"] for c in cells.values()):
+            path = Path("records") / f"{slug(controller)}.parquet"  # results.json names it relative to `out`
+            records.write_records(out / path, controller, cells, position)
+            results["records"].append(str(path))
         if NOMINAL in cells:
-            entry["prediction"] = report.prediction(cells, cfg, plan.levels, plan.ttms, plan.n_boot, plan.seed)
-            entry["episodes"] = {c: _summary(v) for c, v in cells.items()}
+            entry |= _predicted(plan, cells)
             try:
                 threshold = (
-                    report.nominal_threshold(cells[NOMINAL], plan.level, cfg) if plan.fallback != "off" else None
-                )
+                    report.nominal_threshold(cells[NOMINAL], plan.level, cfg, plan.gate_signal,
+                                             plan.calibration_seeds) if plan.fallback != "off" else None
+                )  # fmt: skip
             except ValueError as exc:  # a controller that misbehaves on every nominal run: nothing to gate on
                 entry["fallback_skipped"] = f"no prevention cells: {exc}"
                 threshold = None
             if threshold is not None:
                 entry["fallback"] = {"mode": plan.fallback, "threshold": threshold, "level": plan.level,
-                                     "signal": "epistemic_steer", "conditions": {}}  # fmt: skip
+                                     "signal": plan.gate_signal, "calibrated_on": list(plan.calibration_seeds),
+                                     "conditions": {}}  # fmt: skip
                 for condition, ungated in cells.items():
-                    seeds = plan.nominal_seeds if condition == NOMINAL else plan.seeds
-                    gated = cell(Cell(controller, condition, seeds, plan.fallback, threshold))
+                    seeds = plan.false_alarm_seeds if condition == NOMINAL else plan.seeds
+                    gated = cell(Cell(controller, condition, seeds, plan.gate, threshold))
                     if gated is not None:
                         entry["fallback"]["conditions"][condition] = report.prevention(ungated, gated, plan.n_boot,
                                                                                        plan.seed)  # fmt: skip
@@ -215,9 +280,33 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
     return results
 
 
+def score_records(folder: Path, plan: Plan) -> dict[str, Any]:
+    """results.json's dict from a run's records (misbehaviour_records.py) instead of its cells: the prediction tables
+    of every controller there, scored by `plan`'s protocol, levels, TTMs and monitors; no prevention (it needs
+    driving). The controllers, conditions and seeds are the records'."""
+    monitors = records.load_monitors(plan.monitors)
+    controllers, families = records.read_records(folder)
+    conditions = dict.fromkeys(c for cells in controllers.values() for c in cells if c != NOMINAL)
+    seeds = {c: sorted({ep["seed"] for cells in controllers.values() for ep in cells.get(c, {}).get("episodes", [])})
+             for c in (NOMINAL, *conditions)}  # fmt: skip
+    plan = replace(plan, controllers=tuple(controllers), shifts=tuple(conditions), fallback="off",
+                   nominal_seeds=tuple(seeds[NOMINAL]),
+                   seeds=tuple(sorted({s for c in conditions for s in seeds[c]})))  # fmt: skip
+    results = _results(plan, {"from_records": str(folder)})
+    for controller, cells in controllers.items():
+        records.with_monitors(cells, monitors)
+        entry = _predicted(plan, cells, families)
+        entry["fallback_skipped"] = "scored from records: prevention needs driving"
+        results["controllers"][controller] = entry
+    results["cells_wall_s"] = 0.0
+    results["over_seeds"] = report.over_seeds(results)
+    return results
+
+
 def _summary(cell: dict[str, Any]) -> dict[str, Any]:
     eps = cell["episodes"]
+    returns = [e["return"] for e in eps if "return" in e]  # records keep no returns
     return {"episodes": len(eps), "misbehaving": sum(1 for e in eps if e.get("events")),
             "misbehaviours": sum(len(e.get("events", [])) for e in eps),
-            "mean_return": float(np.mean([e["return"] for e in eps])) if eps else float("nan"),
+            "mean_return": float(np.mean(returns)) if returns else float("nan"),
             "seconds": cell.get("seconds")}  # fmt: skip

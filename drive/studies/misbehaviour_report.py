@@ -1,11 +1,14 @@
 """The misbehaviour benchmark's tables: prediction on the field's protocol per monitor, prevention and its cost.
 
-Prediction (drive/studies/protocol.py): per controller and monitor, nominal-condition episodes without a
-misbehaviour give the false-positive windows and the threshold (Gamma fit at each confidence level); shifted episodes
-give one window per misbehaviour at each TTM. Shifted conditions are grouped by family: `held_out` (families no
-method trained on: the headline), `surrogate` (the families NSAC's training surrogate draws from: additive pixel
-noise and a gain, i.e. `noise` and `brightness`; reported apart, never in the headline) and each family alone.
-Nominal-condition episodes that do misbehave are left out of the false-positive set and counted.
+Prediction (drive/studies/protocol.py): per controller and monitor, nominal-condition episodes give the
+false-positive windows and the threshold (Gamma fit at each confidence level; by default fitted on one half of them
+and counted on the other); shifted episodes give one window per misbehaviour at each TTM. Shifted conditions are
+grouped by family: `held_out` (families no method trained on: the headline), `surrogate` (the families NSAC's
+training surrogate draws from: additive pixel noise and a gain, i.e. `noise` and `brightness`; reported apart, never
+in the headline) and each family alone. Nominal-condition episodes that do misbehave stay in, their misbehaviours
+and the 3 s before each left out of the false-positive windows; they are counted. Where the protocol scored is not
+the field's (`protocol.FIELD`), each monitor's row at the plan's level and TTM under the field's rules is kept
+beside ours (`field`), so the report shows both.
 
 Prevention (cells with the fallback engaged at the nominal threshold of the controller's epistemic steering variance
 at the chosen level), per condition, paired by seed with the ungated cell: misbehaviours without and with the
@@ -34,7 +37,7 @@ import numpy as np
 
 from drive import metrics
 from drive.loop.failures import SIGNALS
-from drive.studies import protocol
+from drive.studies import nulls, protocol
 from drive.studies.over_seeds import interval, welch
 
 NOMINAL = "nominal"  # the clean-camera condition of every controller
@@ -57,7 +60,10 @@ def family(condition: str) -> tuple[str, bool]:
 
 
 def scores_of(episode: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Every monitor's per-step scores of one episode: the controller's own signals, then SelfOracle / ThirdEye."""
+    """Every monitor's per-step scores of one episode: the controller's own signals, then SelfOracle / ThirdEye; an
+    episode that carries `scores` (read from records, or with user monitors: misbehaviour_records.py) gives those."""
+    if "scores" in episode:
+        return dict(episode["scores"])
     out = {name: np.asarray(episode["signals"])[:, j] for j, name in enumerate(SIGNALS)}
     extra = np.asarray(episode.get("monitor_scores", np.zeros((0, 0))))
     for j, name in enumerate(episode.get("monitor_names", [])):
@@ -69,9 +75,11 @@ def _onsets(episode: Mapping[str, Any]) -> list[int]:
     return sorted({int(e["t"]) for e in episode.get("events", [])})
 
 
-def groups(conditions: Sequence[str]) -> dict[str, list[str]]:
-    """held_out, surrogate and one group per family, each its shifted conditions."""
-    shifted = {c: family(c) for c in conditions if c != NOMINAL}
+def groups(conditions: Sequence[str], families: Mapping[str, tuple[str, bool]] | None = None) -> dict[str, list[str]]:
+    """held_out, surrogate and one group per family, each its shifted conditions; `families` ({condition: `family`})
+    where known already (records: no need to import a user's shift)."""
+    known = families or {}
+    shifted = {c: known[c] if c in known else family(c) for c in conditions if c != NOMINAL}
     out = {"held_out": [c for c, (_, surrogate) in shifted.items() if not surrogate],
            "surrogate": [c for c, (_, surrogate) in shifted.items() if surrogate]}  # fmt: skip
     for c, (name, _) in shifted.items():
@@ -79,46 +87,81 @@ def groups(conditions: Sequence[str]) -> dict[str, list[str]]:
     return {k: v for k, v in out.items() if v}
 
 
+def _episode(ep: Mapping[str, Any], monitor: str, nominal: bool) -> protocol.Episode:
+    return protocol.Episode(scores_of(ep)[monitor], _onsets(ep), nominal, busy=np.asarray(ep["busy"]))
+
+
 def prediction(cells: Mapping[str, Mapping[str, Any]], cfg: protocol.ProtocolConfig, levels: Sequence[float],
-               ttms: Sequence[int], n_boot: int, seed: int) -> dict[str, Any]:  # fmt: skip
-    """{group: {monitor: [row dicts]}} for one controller's ungated cells ({condition: cell})."""
-    nominal_eps = [ep for ep in cells[NOMINAL]["episodes"] if not _onsets(ep)]
-    out: dict[str, Any] = {
-        "nominal_episodes": len(nominal_eps),
-        "nominal_misbehaving": len(cells[NOMINAL]["episodes"]) - len(nominal_eps),
-        "groups": {},
-    }
-    monitors = list(scores_of(cells[NOMINAL]["episodes"][0])) if cells[NOMINAL]["episodes"] else []
-    for group, conditions in groups(list(cells)).items():
+               ttms: Sequence[int], n_boot: int, seed: int,
+               field_at: tuple[float, int] | None = None,
+               families: Mapping[str, tuple[str, bool]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """{group: {monitor: [row dicts]}} for one controller's ungated cells ({condition: cell}); with `field_at`
+    (the headline's level, TTM): {group: {"nulls": {monitor: ...}}}, each monitor's two null controls through the
+    same pipeline at that level and TTM (drive/studies/nulls.py), and, under a protocol other than the field's,
+    {group: {"field": {monitor: row dict}}}, the field's rules beside ours. `families` as `groups` takes them."""
+    headline = field_at
+    nominal_eps = cells[NOMINAL]["episodes"]
+    misbehaving = sum(1 for ep in nominal_eps if _onsets(ep))
+    out: dict[str, Any] = {"nominal_episodes": len(nominal_eps), "nominal_misbehaving": misbehaving, "groups": {}}
+    monitors = list(scores_of(nominal_eps[0])) if nominal_eps else []
+    field_at = None if cfg == protocol.FIELD else field_at
+    for group, conditions in groups(list(cells), families).items():
         shifted = [ep for c in conditions for ep in cells[c]["episodes"] if _onsets(ep)]
         table: dict[str, Any] = {"conditions": conditions, "misbehaving_episodes": len(shifted),
                                  "misbehaviours": sum(len(_onsets(ep)) for ep in shifted), "monitors": {}}  # fmt: skip
-        if shifted and nominal_eps:
-            for monitor in monitors:
-                episodes = [protocol.Episode(scores_of(ep)[monitor], nominal=True) for ep in nominal_eps]
-                episodes += [protocol.Episode(scores_of(ep)[monitor], _onsets(ep), busy=np.asarray(ep["busy"]))
-                             for ep in shifted]  # fmt: skip
+        if headline is not None:
+            table["nulls"] = {}
+        if field_at is not None:
+            table["field"] = {}
+        for monitor in monitors if shifted else ():
+            episodes = [_episode(ep, monitor, True) for ep in nominal_eps]
+            episodes += [_episode(ep, monitor, False) for ep in shifted]
+            try:
                 rows = protocol.evaluate(episodes, cfg, levels, ttms, n_boot, seed)
-                table["monitors"][monitor] = [_row(r) for r in rows]
+            except ValueError as exc:  # too few nominal windows (every nominal run misbehaves): nothing to fit on
+                table["unscored"] = str(exc)
+                break
+            table["monitors"][monitor] = [_row(r) for r in rows]
+            if headline is not None:
+                level, ttm = headline
+                table["nulls"][monitor] = _nulls(episodes, cfg, level, ttm, n_boot, seed)
+            if field_at is not None:
+                level, ttm = field_at
+                table["field"][monitor] = _row(protocol.evaluate(episodes, protocol.FIELD, [level], [ttm], n_boot,
+                                                                 seed)[0])  # fmt: skip
         out["groups"][group] = table
     return out
+
+
+def _nulls(episodes: Sequence[protocol.Episode], cfg: protocol.ProtocolConfig, level: float, ttm: int, n_boot: int,
+           seed: int) -> dict[str, Any]:  # fmt: skip
+    """The monitor's null controls at (level, TTM): each null's row and whether the monitor's interval clears them."""
+    controlled = nulls.with_nulls(episodes, cfg, [level], [ttm], n_boot, seed)
+    flags = controlled.clears[0]
+    return {**{name: _row(rows[0]) for name, rows in controlled.nulls.items()},
+            "clears": {"f3": bool(flags.f3), "auroc": bool(flags.auroc)}}  # fmt: skip
 
 
 def _row(row: protocol.Row) -> dict[str, Any]:
     return {"level": row.level, "ttm": row.ttm, "value": row.value._asdict(), "low": row.low._asdict(),
             "high": row.high._asdict(), "before_start": row.before_start, "overlap": row.overlap,
-            "merged": row.merged}  # fmt: skip
+            "merged": row.merged, "nominal_left_out": row.nominal_left_out}  # fmt: skip
 
 
-def nominal_threshold(nominal: Mapping[str, Any], level: float, cfg: protocol.ProtocolConfig) -> float:
-    """The fallback's threshold: the protocol's threshold on the epistemic steering variance of nominal runs."""
-    windows = [protocol.nominal_windows(scores_of(ep)["epistemic_steer"], cfg) for ep in nominal["episodes"]
-               if not _onsets(ep)]  # fmt: skip
+def nominal_threshold(nominal: Mapping[str, Any], level: float, cfg: protocol.ProtocolConfig,
+                      monitor: str = "epistemic_sum", seeds: Sequence[int] | None = None) -> float:  # fmt: skip
+    """The fallback's threshold: the protocol's threshold on the declared monitor over the nominal runs of `seeds`
+    (default: all), fitted on their scored windows (a misbehaving run's misbehaviours and the 3 s before each left
+    out). Under scoring `alike` a window's score is its raw per-step maximum, so a gate that fires when the per-step
+    score reaches the threshold fires in a 1 s nominal window with probability about 1 - level: its level is a
+    per-second false-alarm rate, measured on the nominal seeds not fitted on."""
+    episodes = [ep for ep in nominal["episodes"] if seeds is None or ep["seed"] in set(seeds)]
+    windows = [protocol.nominal_windows(_episode(ep, monitor, True), cfg)[0] for ep in episodes]
     values = np.concatenate(windows) if windows else np.zeros(0)
     if len(values) < 2:
-        bad = len(nominal["episodes"]) - len(windows)
-        raise ValueError(f"too few nominal windows to fit the fallback threshold ({bad} of {len(nominal['episodes'])} "
-                         "nominal runs misbehave): give more --nominal-seeds")  # fmt: skip
+        bad = sum(1 for ep in episodes if _onsets(ep))
+        raise ValueError(f"too few nominal windows to fit the fallback threshold ({bad} of the {len(episodes)} "
+                         "nominal runs it is fitted on misbehave): give more --nominal-seeds")  # fmt: skip
     return float(protocol.fit_threshold(values, [level], cfg.threshold_fit)[0])
 
 
@@ -161,9 +204,13 @@ def prevention(ungated: Mapping[str, Any], gated: Mapping[str, Any], n_boot: int
 
 
 def protocol_settings(cfg: protocol.ProtocolConfig) -> dict[str, Any]:
+    nominal = "the trailing-mean score" if cfg.scoring == "field" else "the same score"
+    split = ("fitted on one half of the nominal runs, false positives counted on the other"
+             if cfg.threshold_split == "halves" else "fitted and counted on the same nominal runs")  # fmt: skip
     return {**asdict(cfg), "window_steps": cfg.fps,
-            "windows": "TTM s: frames [onset - TTM*fps, onset - (TTM-1)*fps); nominal: consecutive fps-frame windows "
-                       "of the trailing-mean score; a window's score is its max"}  # fmt: skip
+            "windows": f"TTM s: frames [onset - TTM*fps, onset - (TTM-1)*fps); nominal: consecutive fps-frame windows "
+                       f"of {nominal}; a window's score is its {cfg.aggregate}; the first {cfg.warmup_s:g} s of every "
+                       f"run not scored; thresholds {split}"}  # fmt: skip
 
 
 SEED_PART = re.compile(r"(?<![^/])seed\d+(?![^/])")  # a whole path part: runs/de/seed2/best.pt

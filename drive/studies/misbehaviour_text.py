@@ -49,27 +49,53 @@ def _pick(rows: list[dict[str, Any]], level: float, ttm: int) -> dict[str, Any] 
 
 
 def prediction_table(results: dict[str, Any], group: str) -> list[str]:
+    """The group's table at the plan's level and TTM; where the run kept the field's rules' figures beside ours
+    (drive/studies/misbehaviour_report.py `prediction`), their F3 and AUROC in two more columns."""
     plan = results["plan"]
-    lines = ["| controller | monitor | misbehaviours | recall | FPR | F3 | AUROC | median lead (s) |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    tables = [e.get("prediction", {}).get("groups", {}).get(group) or {} for e in results["controllers"].values()]
+    beside = any(t.get("field") for t in tables)
+    controls = any(t.get("nulls") for t in tables)
+    lines = ["| controller | monitor | misbehaviours | recall | FPR | F3 | AUROC | median lead (s) |"
+             + (" F3 / AUROC, block-permuted null | F3 / AUROC, information-free null | clears its nulls |"
+                if controls else "")
+             + (" F3, field's rules | AUROC, field's rules |" if beside else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if controls else "")
+             + ("---|---|" if beside else "")]  # fmt: skip
+    empty = (" – | – | – |" if controls else "") + (" – | – |" if beside else "")
     name = labels(list(results["controllers"]))
     for controller, entry in results["controllers"].items():
         pred = entry.get("prediction", {})
         table = pred.get("groups", {}).get(group)
         if not table:
             continue
-        if table["misbehaviours"] and not pred.get("nominal_episodes"):  # nothing nominal to fit a threshold on
-            bad = pred.get("nominal_misbehaving")
-            lines.append(f"| {name[controller]} | none: every nominal run misbehaved ({bad}) | "
-                         f"{table['misbehaviours']} | – | – | – | – | – |")  # fmt: skip
+        if table["misbehaviours"] and not table.get("monitors"):  # nothing nominal to fit a threshold on
+            bad, n = pred.get("nominal_misbehaving"), pred.get("nominal_episodes")
+            why = (f"every nominal run misbehaved ({bad})" if not n or bad == n
+                   else f"too few nominal windows ({bad} of {n} nominal runs misbehave)")  # fmt: skip
+            lines.append(f"| {name[controller]} | none: {why} | {table['misbehaviours']} | – | – | – | – | – |{empty}")
         for monitor, rows in table["monitors"].items():
             row = _pick(rows, plan["level"], plan["ttm"])
             if row is None:
                 continue
-            lines.append(f"| {name[controller]} | {monitor} | {table['misbehaviours']} | {_ci(row, 'recall')} | "
+            field = table.get("field", {}).get(monitor)
+            theirs = _null_cells(table.get("nulls", {}).get(monitor)) if controls else ""
+            theirs += (f" {_ci(field, 'f3')} | {_ci(field, 'auroc')} |" if field else " – | – |") if beside else ""
+            shown = f"**{monitor}** (declared)" if monitor == plan.get("gate_signal") else monitor
+            lines.append(f"| {name[controller]} | {shown} | {table['misbehaviours']} | {_ci(row, 'recall')} | "
                          f"{_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
-                         f"{_ci(row, 'median_lead_s', '.1f')} |")  # fmt: skip
+                         f"{_ci(row, 'median_lead_s', '.1f')} |{theirs}")  # fmt: skip
     return lines if len(lines) > 2 else ["No misbehaviour in these families for any controller: nothing to predict."]
+
+
+def _null_cells(controls: dict[str, Any] | None) -> str:
+    """Three cells: each null's F3 / AUROC and whether the monitor's F3 and AUROC intervals clear both nulls'."""
+    if not controls:
+        return " – | – | – |"
+    cells = [f" {_ci(controls[name], 'f3')} / {_ci(controls[name], 'auroc')} |"
+             for name in ("block_permuted", "information_free")]  # fmt: skip
+    clears = controls["clears"]
+    verdict = {(True, True): "F3 and AUROC", (True, False): "F3 only", (False, True): "AUROC only"}
+    return "".join(cells) + f" {verdict.get((clears['f3'], clears['auroc']), '**no**')} |"
 
 
 def prevention_table(results: dict[str, Any]) -> list[str]:

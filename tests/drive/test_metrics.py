@@ -121,3 +121,27 @@ def test_regression_report_rejects_bad_input():
         metrics.regression_report(Prediction(np.zeros(3), np.ones(3), np.zeros(3)), np.zeros(4))
     with pytest.raises(ValueError, match="non-negative"):
         metrics.regression_report(Prediction(np.zeros(3), -np.ones(3), np.zeros(3)), np.zeros(3))
+
+
+def test_wilson_interval_by_hand_and_against_scipy():
+    # 8 of 10, z = 1.96: c = 9.9208 / 13.8416 = 0.71674, h = 1.96 / 13.8416 * sqrt(1.6 + 0.9604) = 0.22658
+    assert metrics.wilson(8, 10) == pytest.approx((0.71674 - 0.22658, 0.71674 + 0.22658), abs=1e-5)
+    assert metrics.wilson(0, 10) == pytest.approx((0.0, 3.8416 / 13.8416))  # k = 0: c = h = z^2 / 2 / (n + z^2)
+    assert metrics.wilson(10, 10) == pytest.approx((10 / 13.8416, 1.0))
+    z = stats.norm.ppf(0.975)
+    for k, n in ((3, 17), (40, 41), (1, 1000)):
+        ci = stats.binomtest(k, n).proportion_ci(method="wilson")
+        assert metrics.wilson(k, n, z) == pytest.approx((ci.low, ci.high), rel=1e-9)
+    assert all(math.isnan(v) for v in metrics.wilson(0, 0))
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        metrics.wilson(11, 10)
+
+
+def test_holm_adjusted_p_values_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04; running max 0.02, 0.03, 0.06, 0.06
+    np.testing.assert_allclose(metrics.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+    np.testing.assert_allclose(metrics.holm([0.5, 0.4]), [0.8, 0.8])  # 2 * 0.4, then max(0.8, 0.5)
+    np.testing.assert_allclose(metrics.holm([0.3, 0.6, 0.02]), [0.6, 0.6, 0.06])
+    assert metrics.holm([0.7])[0] == 0.7 and metrics.holm([0.9, 0.8]).tolist() == [1.0, 1.0]  # capped at 1
+    with pytest.raises(ValueError, match="p-values"):
+        metrics.holm([0.5, 1.5])

@@ -111,7 +111,8 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
     if proc.returncode == 0:
         pytest.skip("the run finished before the interrupt")
     lines = [line for line in err.decode().splitlines() if line.strip() and not line.startswith(("INFO", "epoch"))]
-    assert proc.returncode == 130 and lines == ["drive train: interrupted"], err.decode()
+    again = "drive train: interrupted; rerun the same command to continue (what finished is kept)"
+    assert proc.returncode == 130 and lines == [again], err.decode()
     _run([*TRAIN, str(out), "--resume"], tmp_path)  # resumable, whatever the moment of the interrupt
     assert (out / "metrics.json").is_file()
 

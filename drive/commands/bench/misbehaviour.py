@@ -8,10 +8,16 @@ Per controller: nominal runs on --nominal-seeds (the false-positive windows and 
 threshold the protocol fits at --level. Monitors: the controller's own uncertainty signals, SelfOracle (with
 --selforacle) and ThirdEye (Grad-CAM of the controller). Scored per monitor x confidence level x TTM in {1, 2, 3} s
 (precision, recall, FPR, F1, F3, AUROC, AUPRC, lead time, 95 % bootstrap intervals over episodes;
-drive/studies/protocol.py), held-out families apart from NSAC's surrogate families. Writes DIR/cells/ (one file
+drive/studies/protocol.py: by default windows scored alike on both sides, the first second of every run unscored,
+thresholds fitted on one half of the nominal runs and counted on the other; `--protocol field` scores by the field's
+own rules, and the default run shows their F3 and AUROC beside ours), held-out families apart from NSAC's surrogate
+families. Writes DIR/cells/ (one file
 per finished cell: a rerun resumes), DIR/results.json, DIR/results.md and DIR/seeds.png (checkpoints that differ only
 in a seed<N> folder: one controller over training seeds, mean ± t-interval) or DIR/f3.png. `--ray` runs the episodes
 on a Ray cluster; the run's CPU time is in results.json. `--report-only` rebuilds the report from the finished cells.
+Every run writes DIR/records/<controller>.parquet (one row per step: labels and every monitor's score;
+drive/studies/misbehaviour_records.py); `--from-records DIR` scores such records without driving (no prevention),
+and `--monitor module:function` adds your per-step score of an episode's record as a monitor, live or from records.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from drive.errors import UserError
 from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Workers
@@ -38,7 +44,7 @@ DEFAULT_SHIFTS = (
 @dataclass(frozen=True)
 class Config:
     out: Path
-    """output directory (cells/, results.json, results.md, seeds.png or f3.png); rerunning resumes"""
+    """output directory (cells/, records/, results.json, results.md, seeds.png or f3.png); rerunning resumes"""
     ckpt: tuple[Path, ...] = (Path("checkpoints/carracing_nsac.pt"),)
     """controller checkpoints (CarRacing, frames), one column block each"""
     shifts: tuple[str, ...] = DEFAULT_SHIFTS
@@ -52,11 +58,17 @@ class Config:
     thirdeye: bool = True
     """ThirdEye scores (Grad-CAM of each controller's steering on its newest frame)"""
     fallback: Literal["off", "expert", "slow"] = "expert"
-    """prevention: rerun every condition with this fallback at the --level threshold (off: prediction only)"""
+    """prevention: rerun every condition with this fallback at the --level threshold (off: prediction only); slow
+    uses nothing privileged, expert hands over to the PPO expert (which drives from privileged state: an oracle)"""
+    gate_signal: Literal["epistemic_sum", "epistemic_steer", "total_steer"] = "epistemic_sum"
+    """the declared monitor, chosen before the run: the headline row and the signal the fallback gates on (its
+    threshold fitted on every other nominal seed, its false alarms counted on the rest)"""
     level: OpenUnit = 0.999
-    """the confidence level of the headline table and of the fallback's threshold"""
+    """the confidence level (below 1) of the headline table and of the fallback's threshold"""
     ttm: PositiveInt = 2
     """the headline table's time to misbehaviour (s)"""
+    protocol: Literal["alike", "field"] = "alike"
+    """alike: windows scored alike, warm-up unscored, out-of-sample thresholds (field's rules beside); field: theirs"""
     bootstrap: PositiveInt = 1000
     """bootstrap replicates per interval"""
     samples: PositiveInt | None = None
@@ -75,28 +87,39 @@ class Config:
     """progress bars"""
     report_only: bool = False
     """rebuild results from the finished cells, run nothing"""
+    monitor: tuple[str, ...] = ()
+    """your monitors, module:function each: a per-step score from an episode's recorded scores (docs/misbehaviour.md)"""
+    from_records: Path | None = None
+    """score a run's records (its DIR or DIR/records, Parquet) instead of driving: prediction only, no prevention"""
 
 
 def run(cfg: Config) -> int:
     from drive.loop.pool import check_ray
     from drive.loop.seeds import parse_seeds
     from drive.loop.shifts import parse_shift  # the simulator, OpenCV and torch: not for `--help`
-    from drive.studies.misbehaviour import Plan, RunSettings, run_plan
+    from drive.studies.misbehaviour import Plan, RunSettings, run_plan, score_records
+    from drive.studies.misbehaviour_records import load_monitors
     from drive.studies.misbehaviour_text import headline, write_report
 
     if not cfg.ckpt:
         raise UserError("give at least one --ckpt")
+    if cfg.level >= 1:
+        raise UserError(f"--level {cfg.level}: a confidence level must be below 1 (at 1 the threshold is infinite)")
     for spec in cfg.shifts:
         try:
             parse_shift(spec)
         except ValueError as exc:
             raise UserError(f"--shifts {spec!r}: {exc}") from None
+    load_monitors(cfg.monitor)  # a bad spec stops here, before any driving
     if cfg.selforacle is not None and not cfg.selforacle.is_file():
         raise UserError(f"--selforacle {cfg.selforacle}: no such file (train one: drive monitor train)")
     check_ray(cfg.ray)
     plan = Plan(controllers=tuple(str(p) for p in cfg.ckpt), shifts=cfg.shifts,
                 nominal_seeds=tuple(parse_seeds(cfg.nominal_seeds)), seeds=tuple(parse_seeds(cfg.seeds)),
-                fallback=cfg.fallback, level=cfg.level, ttm=cfg.ttm, n_boot=cfg.bootstrap, seed=cfg.seed)  # fmt: skip
+                fallback=cfg.fallback, level=cfg.level, ttm=cfg.ttm, n_boot=cfg.bootstrap, seed=cfg.seed,
+                protocol=cfg.protocol, gate_signal=cfg.gate_signal, monitors=cfg.monitor)  # fmt: skip
+    if cfg.from_records is not None:
+        return _from_records(cfg, plan, score_records)
 
     settings = RunSettings(max_episode_steps=cfg.max_episode_steps, samples=cfg.samples, seed=cfg.seed,
                            workers=cfg.workers, envs=cfg.envs, ray=cfg.ray, progress=cfg.progress,
@@ -106,6 +129,19 @@ def run(cfg: Config) -> int:
     results = run_plan(cfg.out, plan, settings, run_missing=not cfg.report_only)
     results["this_run"] = {"wall_s": time.perf_counter() - start, "cpu_s": _cpu_s() - cpu0}
     paths = write_report(cfg.out, results)
+    print(headline(results))
+    print("wrote " + ", ".join(str(p) for p in [*paths, *(cfg.out / r for r in results["records"])]))
+    return 0
+
+
+def _from_records(cfg: Config, plan: Any, score_records: Any) -> int:
+    from drive.studies.misbehaviour_text import headline, write_report
+
+    start, cpu0 = time.perf_counter(), _cpu_s()
+    results = score_records(cfg.from_records, plan)
+    results["this_run"] = {"wall_s": time.perf_counter() - start, "cpu_s": _cpu_s() - cpu0}
+    paths = write_report(cfg.out, results)
+    print(f"scored from records ({cfg.from_records}): nothing driven; prevention skipped (it needs driving)")
     print(headline(results))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -243,10 +243,12 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     needed = 1 + (opts.val_fraction > 0) + (opts.test_fraction > 0 and not opts.test_data)  # train, val, test
     if demos.n_flagged and len(seeds) < needed:
         total = len(demos.manifest["episodes"])
-        raise UserError(f"{data}: {demos.n_flagged} of {total} episode(s) are flagged (return below the dataset's "
-                        f"--min-return {demos.settings.get('min_return')}) and left out, {len(seeds)} left: too few "
-                        "to split into train/val/test; rerun its `drive collect` command with --min-return LOWER "
-                        "(e.g. 0; nothing is recorded again) or train with --set task.include_flagged=true")
+        raise UserError(
+            f"{data}: {demos.n_flagged} of {total} episode(s) are flagged (return below the dataset's "
+            f"--min-return {demos.settings.get('min_return')}) and left out, {len(seeds)} left: too few "
+            "to split into train/val/test; rerun its `drive collect` command with --min-return LOWER "
+            "(e.g. 0; nothing is recorded again) or train with --set task.include_flagged=true"
+        )
     test_data = demos
     if opts.test_data:
         train_seeds, val_seeds, _ = split_seeds(seeds, opts.val_fraction, 0.0, seed)

@@ -186,6 +186,90 @@ def test_a_controller_that_misbehaves_on_every_nominal_run_gets_no_prevention_ce
                   [record(s) for s in seeds], 1.0)  # fmt: skip
     results = run_plan(tmp_path, plan, RunSettings(progress=False), run_missing=False)
     entry = results["controllers"]["runs/der.pt"]
-    assert "fallback" not in entry and "(2 of 2 nominal runs misbehave)" in entry["fallback_skipped"]
+    assert "fallback" not in entry
+    assert "(1 of the 1 nominal runs it is fitted on misbehave)" in entry["fallback_skipped"]
     assert entry["prediction"]["nominal_misbehaving"] == 2
     assert "| der.pt | – | no prevention cells: too few nominal windows" in "\n".join(prevention_table(results))
+
+
+def test_the_headline_level_and_ttm_are_scored_and_the_fields_rules_shown_beside_ours(tmp_path, capsys):
+    """--level / --ttm outside the default grid are scored (not looked up and missed); a level of 1 is refused in
+    one line; the default protocol keeps the field's rules' F3 and AUROC beside ours, --protocol field does not."""
+    import numpy as np
+
+    from drive.studies.misbehaviour import Cell, Plan, RunSettings, run_plan, save_cell
+    from drive.studies.misbehaviour_text import prediction_table
+
+    assert main(["bench", "misbehaviour", "--out", str(tmp_path / "x"), "--level", "1"]) == 2
+    assert "--level 1.0: a confidence level must be below 1" in capsys.readouterr().err
+    rng = np.random.default_rng(0)
+
+    def record(seed: int, shifted: bool) -> dict:
+        signals = rng.gamma(2.0, 1.0, (500, 4))
+        if shifted:
+            signals[100:300] += np.linspace(0, 8, 200)[:, None]  # rises over the 4 s before the onset
+        return {"seed": seed, "return": 1.0, "events": [{"t": 300, "kind": "off_track"}] if shifted else [],
+                "signals": signals, "busy": np.arange(500) >= 300 if shifted else np.zeros(500, bool)}  # fmt: skip
+
+    for protocol, beside in (("alike", True), ("field", False)):
+        out = tmp_path / protocol
+        plan = Plan(controllers=("runs/a.pt",), shifts=("blur:4",), nominal_seeds=tuple(range(6)),
+                    seeds=tuple(range(10, 16)), fallback="off", level=0.97, ttm=4, n_boot=5,
+                    protocol=protocol)  # fmt: skip
+        assert plan.levels == (0.95, 0.97, 0.99, 0.999, 0.9999, 0.99999) and plan.ttms == (1, 2, 3, 4)
+        for condition, seeds in (("nominal", plan.nominal_seeds), ("blur:4", plan.seeds)):
+            save_cell(out / "cells" / "runs_a.pt" / f"{condition.replace(':', '_')}.npz", Cell("runs/a.pt", condition,
+                      seeds), [record(s, condition != "nominal") for s in seeds], 1.0)  # fmt: skip
+        results = run_plan(out, plan, RunSettings(progress=False), run_missing=False)
+        table = results["controllers"]["runs/a.pt"]["prediction"]["groups"]["held_out"]
+        rows = table["monitors"]["epistemic_steer"]
+        assert any(r["level"] == 0.97 and r["ttm"] == 4 and r["value"]["tp"] + r["value"]["fn"] == 6 for r in rows)
+        assert ("field" in table) == beside and results["protocol"]["scoring"] == protocol
+        lines = prediction_table(results, "held_out")
+        assert ("F3, field's rules" in lines[0]) == beside and lines[2].startswith("| a.pt | epistemic_steer | 6 |")
+        controls = table["nulls"]["epistemic_steer"]  # both null controls beside the monitor, at the headline
+        assert controls["block_permuted"]["level"] == 0.97 and controls["information_free"]["ttm"] == 4
+        assert set(controls["clears"]) == {"f3", "auroc"} and "clears its nulls" in lines[0]
+        assert lines[2].count("|") == (14 if beside else 12)
+        if beside:
+            assert table["field"]["epistemic_steer"]["level"] == 0.97
+
+
+def test_the_gate_reads_the_declared_monitor_fitted_on_half_the_nominal_seeds(tmp_path, monkeypatch):
+    """One declared monitor (the summed epistemic variance by default) is the headline row and the gate's signal; the
+    gate's threshold is fitted on every other nominal seed and its false alarms are driven on the others."""
+    import numpy as np
+
+    from drive.studies import misbehaviour
+    from drive.studies.misbehaviour import Cell, Plan, RunSettings, run_plan, save_cell
+    from drive.studies.misbehaviour_report import nominal_threshold
+    from drive.studies.misbehaviour_text import prediction_table
+
+    rng = np.random.default_rng(3)
+
+    def record(seed: int, shifted: bool) -> dict:
+        signals = rng.gamma(2.0, 1.0, (400, 4)) * (1 + seed % 2)  # odd seeds score twice as high
+        return {"seed": seed, "return": 1.0, "events": [{"t": 300, "kind": "off_track"}] if shifted else [],
+                "signals": signals, "busy": np.arange(400) >= 300 if shifted else np.zeros(400, bool)}  # fmt: skip
+
+    plan = Plan(controllers=("runs/a.pt",), shifts=("blur:4",), nominal_seeds=tuple(range(8)), seeds=(10, 11, 12),
+                fallback="slow", n_boot=5, level=0.9)  # fmt: skip
+    assert plan.gate == "slow:signal=sum,variance=epistemic" and plan.calibration_seeds == (0, 2, 4, 6)
+    cells = {}
+    for condition, seeds in (("nominal", plan.nominal_seeds), ("blur:4", plan.seeds)):
+        cells[condition] = [record(s, condition != "nominal") for s in seeds]
+        save_cell(tmp_path / "cells" / "runs_a.pt" / f"{condition.replace(':', '_')}.npz",
+                  Cell("runs/a.pt", condition, seeds), cells[condition], 1.0)  # fmt: skip
+    asked: list[Cell] = []
+    real = misbehaviour.cell_path
+    monkeypatch.setattr(misbehaviour, "cell_path", lambda out, c: asked.append(c) or real(out, c))
+    results = run_plan(tmp_path, plan, RunSettings(progress=False), run_missing=False)
+    gate = results["controllers"]["runs/a.pt"]["fallback"]
+    nominal = {"episodes": cells["nominal"]}
+    assert gate["signal"] == "epistemic_sum" and gate["calibrated_on"] == [0, 2, 4, 6]
+    assert gate["threshold"] == nominal_threshold(nominal, 0.9, plan.protocol_config, "epistemic_sum", (0, 2, 4, 6))
+    assert gate["threshold"] < nominal_threshold(nominal, 0.9, plan.protocol_config, "epistemic_sum")  # odd: higher
+    gated = {c.condition: c for c in asked if c.fallback != "off"}
+    assert gated["nominal"].seeds == (1, 3, 5, 7) and gated["blur:4"].seeds == plan.seeds
+    assert {c.fallback for c in gated.values()} == {plan.gate}
+    assert "**epistemic_sum** (declared)" in "\n".join(prediction_table(results, "held_out"))
