@@ -49,13 +49,15 @@ def _pick(rows: list[dict[str, Any]], level: float, ttm: int) -> dict[str, Any] 
 
 
 def prediction_table(results: dict[str, Any], group: str) -> list[str]:
-    """The group's table at the plan's level and TTM; where the run kept the field's rules' figures beside ours
-    (drive/studies/misbehaviour_report.py `prediction`), their F3 and AUROC in two more columns."""
+    """The group's table at the plan's level and TTM: per controller and monitor the misbehaviours and, in brackets,
+    the windows scored at that TTM (the rest start too early or overlap an earlier misbehaviour); the null controls
+    beside each monitor; where the run kept the field's rules' figures beside ours (drive/studies/
+    misbehaviour_report.py `prediction`), their F3 and AUROC in two more columns."""
     plan = results["plan"]
     tables = [e.get("prediction", {}).get("groups", {}).get(group) or {} for e in results["controllers"].values()]
     beside = any(t.get("field") for t in tables)
     controls = any(t.get("nulls") for t in tables)
-    lines = ["| controller | monitor | misbehaviours | recall | FPR | F3 | AUROC | median lead (s) |"
+    lines = ["| controller | monitor | misbehaviours (scored windows) | recall | FPR | F3 | AUROC | median lead (s) |"
              + (" F3 / AUROC, block-permuted null | F3 / AUROC, information-free null | clears its nulls |"
                 if controls else "")
              + (" F3, field's rules | AUROC, field's rules |" if beside else ""),
@@ -81,8 +83,9 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
             theirs = _null_cells(table.get("nulls", {}).get(monitor)) if controls else ""
             theirs += (f" {_ci(field, 'f3')} | {_ci(field, 'auroc')} |" if field else " – | – |") if beside else ""
             shown = f"**{monitor}** (declared)" if monitor == plan.get("gate_signal") else monitor
-            lines.append(f"| {name[controller]} | {shown} | {table['misbehaviours']} | {_ci(row, 'recall')} | "
-                         f"{_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
+            scored = round(row["value"]["tp"] + row["value"]["fn"])  # the windows scored at this TTM
+            lines.append(f"| {name[controller]} | {shown} | {table['misbehaviours']} ({scored}) | "
+                         f"{_ci(row, 'recall')} | {_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
                          f"{_ci(row, 'median_lead_s', '.1f')} |{theirs}")  # fmt: skip
     return lines if len(lines) > 2 else ["No misbehaviour in these families for any controller: nothing to predict."]
 

@@ -226,7 +226,7 @@ def test_the_headline_level_and_ttm_are_scored_and_the_fields_rules_shown_beside
         assert any(r["level"] == 0.97 and r["ttm"] == 4 and r["value"]["tp"] + r["value"]["fn"] == 6 for r in rows)
         assert ("field" in table) == beside and results["protocol"]["scoring"] == protocol
         lines = prediction_table(results, "held_out")
-        assert ("F3, field's rules" in lines[0]) == beside and lines[2].startswith("| a.pt | epistemic_steer | 6 |")
+        assert ("F3, field's rules" in lines[0]) == beside and lines[2].startswith("| a.pt | epistemic_steer | 6 (6) |")
         controls = table["nulls"]["epistemic_steer"]  # both null controls beside the monitor, at the headline
         assert controls["block_permuted"]["level"] == 0.97 and controls["information_free"]["ttm"] == 4
         assert set(controls["clears"]) == {"f3", "auroc"} and "clears its nulls" in lines[0]
