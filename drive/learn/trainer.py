@@ -164,6 +164,9 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
         loop.stopped = distributed.from_main(None)
         return
     pred, y = predict_dataset(model, val, cfg.batch_size, cfg.val_samples or None, cfg.seed, cfg.device)
+    # rank 0's stream as its next epoch starts: validation may draw from the global RNG too (NSAC's frame controller
+    # does), and a resumed run must continue from the state an uninterrupted one trains the next epoch with
+    rngs = [rng.get_state(), *rngs[1:]]
     val_nll, val_mse = metrics.gaussian_nll(pred.mean, pred.total_var, y), metrics.mse(pred.mean, y)
     row = {"epoch": epoch, "train_loss": train_loss, "val_nll": val_nll, "val_mse": val_mse,
            "lr": optimizer.param_groups[0]["lr"], "seconds": time.perf_counter() - t0}  # fmt: skip
@@ -244,7 +247,8 @@ def _save_checkpoint(path: Path, model, info: CheckpointInfo, row: dict[str, flo
             "target_names": list(info.target_names),
         },  # fmt: skip
         data=info.data,
-        metrics={k: float(v) for k, v in row.items()},
+        # the epoch's scores, not its wall time (metrics.jsonl keeps that): the same run writes the same bytes
+        metrics={k: float(v) for k, v in row.items() if k != "seconds"},
         extra={**info.extra, "epoch": int(row["epoch"])},
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from drive import checkpoint
@@ -78,3 +79,46 @@ def test_rerunning_an_interrupted_run_continues_it_exactly(tmp_path, capsys, mon
     report = json.loads((killed / "metrics.json").read_text())
     assert report["val"] == json.loads((straight / "metrics.json").read_text())["val"]
     assert report["fit"]["epochs_run"] == 2
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    """Six short fake-road episodes of frames: what a controller of frames (NSAC, the ensemble) trains on."""
+    out = tmp_path_factory.mktemp("demos") / "demos"
+    assert main(["collect", "--env", "fake-road", "--expert", "pursuit", "--seeds", "0-5", "--max-episode-steps",
+                 "60", "--min-return", "0", "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("controller", ["nsac", "de"])
+def test_a_controller_of_frames_interrupted_mid_run_resumes_to_the_same_bytes(demos, tmp_path, capsys, monkeypatch,
+                                                                               controller):  # fmt: skip
+    """NSAC's validation draws from the global RNG (its frame path); the resume state is taken after it, so a run
+    interrupted in epoch 2 and rerun writes the uninterrupted run's bytes; the ensemble's members likewise."""
+    command = ["train", "--controller", controller, "--data", str(demos), "--out", "run", "--epochs", "3",
+               "--batch-size", "16", "--no-progress", "--set", "encoder.d_model=8", "n_heads=2",
+               "trainer.tensorboard=false"]  # fmt: skip
+    (tmp_path / "straight").mkdir()
+    (tmp_path / "killed").mkdir()
+    monkeypatch.chdir(tmp_path / "straight")
+    assert main(command) == 0
+    original = trainer._train_epoch
+
+    def interrupted_in_epoch_2(model, train, optimizer, scheduler, cfg, epoch):
+        if epoch == 2:
+            optimizer.step = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)  # mid-epoch, after a batch
+        return original(model, train, optimizer, scheduler, cfg, epoch)
+
+    monkeypatch.chdir(tmp_path / "killed")
+    monkeypatch.setattr(trainer, "_train_epoch", interrupted_in_epoch_2)
+    assert main(command) == 130
+    monkeypatch.setattr(trainer, "_train_epoch", original)
+    assert main(command) == 0
+    assert "resuming at epoch 2 of 3" in capsys.readouterr().out
+    straight, killed = tmp_path / "straight" / "run", tmp_path / "killed" / "run"
+    assert _rows(killed) == _rows(straight)
+    for name in ("best.pt", "last.pt"):
+        ours = checkpoint.read(killed / name, kind="controller")["state_dict"]
+        theirs = checkpoint.read(straight / name, kind="controller")["state_dict"]
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), name
+        assert (killed / name).read_bytes() == (straight / name).read_bytes(), name
