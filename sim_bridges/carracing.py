@@ -9,6 +9,9 @@ ones in both modes; only the observation differs:
   a controller sees is coded once per step by its `datasets.frames.ObservationCoder`, the coder training used.
 - ``mode="state"``: the privileged state vector below; the frame is never drawn (fast mode for RL and experts).
 
+``variant=`` draws one of CarRacingExtension's generalisation variants (Color, Color3, Bar, Blob, Noise, Video:
+`sim_bridges.carracing_variants`) into the frame; same track, physics and reward as the clean env.
+
 Privileged state (float32, ``STATE_DIM`` values, names in ``STATE_NAMES``). Units: metres, seconds, radians.
 The car frame is x forward, y to the LEFT; angles are counter-clockwise positive (so a positive heading error or
 lateral offset means "too far left", corrected by steering right, i.e. a positive steer action).
@@ -41,6 +44,7 @@ from gymnasium import spaces
 from gymnasium.envs.box2d.car_racing import TRACK_WIDTH, CarRacing
 from gymnasium.wrappers import TimeLimit
 
+from sim_bridges import carracing_variants as variants
 from sim_bridges import track_frame
 
 log = logging.getLogger(__name__)
@@ -79,9 +83,10 @@ def _wrap(angle):
 
 
 class CarRacingBridge(CarRacing):
-    """Stock CarRacing physics and reward; our observation (pixels or privileged state) and info."""
+    """Stock CarRacing physics and reward; our observation (pixels or privileged state) and info; optionally a
+    CarRacingExtension variant of the world (`variant`, e.g. "color3" or "video" with `video_dir`: `set_variant`)."""
 
-    def __init__(self, mode="pixels", fast_render=True, render_mode=None):
+    def __init__(self, mode="pixels", fast_render=True, render_mode=None, variant=None, video_dir=None):
         if mode not in ("pixels", "state"):
             raise ValueError(f"mode must be 'pixels' or 'state', got {mode!r}")
         super().__init__(render_mode=render_mode, continuous=True)
@@ -91,6 +96,7 @@ class CarRacingBridge(CarRacing):
             from sim_bridges.fast_render import render_state_pixels
 
             self._fast = render_state_pixels
+        self.set_variant(variant, video_dir)
         self.action_space = spaces.Box(ACTION_LOW, ACTION_HIGH, dtype=np.float32)
         if mode == "pixels":
             self.observation_space = spaces.Box(0, 255, FRAME_SHAPE, np.uint8)
@@ -212,9 +218,38 @@ class CarRacingBridge(CarRacing):
                 tile.color, self.road_poly[i] = row, (vertices, row)
         self.road_rgb, self.road_rgb_of = rgb, self.road_poly
 
+    def set_variant(self, variant: str | variants.Variant | None, video_dir: str | None = None) -> None:
+        """Draw a CarRacingExtension variant (`sim_bridges.carracing_variants`: a Variant, or its spec such as "color3",
+        "video" with `video_dir`) from the next reset on; None: the clean env. Drawn by our renderer only, the
+        state_pixels observation (not stock's human / rgb_array render)."""
+        if isinstance(variant, str):
+            variant = variants.parse_variant(variant if video_dir is None else f"{variant}={video_dir}")
+        elif video_dir is not None:
+            raise ValueError("video_dir goes with variant='video'")
+        if variant is not None and self.mode == "pixels" and self._fast is None:
+            raise ValueError(f"CarRacing variant {variant}: drawn by the fast renderer only (fast_render=True)")
+        if self.__dict__.get("variant") is not None:
+            self._init_colors()  # stock's colours back: a colour variant changed them
+        self.variant: variants.Variant | None = variant
+        self._video = variants.VideoFrames(variant.video_dir) if variant is not None and variant.video_dir else None
+        self._variant_rng: np.random.Generator | None = None
+        self.episode_variant: variants.EpisodeVariant | None = None  # read by sim_bridges.fast_render
+
+    def _start_variant(self, seed) -> None:
+        """The episode's variant, its stream seeded from `seed` (continued where None), its colours set before the
+        track is built (tile colours are the road colour plus stock's shading)."""
+        if self.variant is None:
+            return
+        if seed is not None or self._variant_rng is None:
+            self._variant_rng = variants.variant_rng(self.variant, seed)
+        self.episode_variant = variants.EpisodeVariant(self.variant, self._variant_rng, self._video)
+        if self.variant.kind in variants.COLOUR_KINDS:
+            self.road_color, self.bg_color, self.grass_color = self.episode_variant.colours()
+
     def reset(self, *, seed=None, options=None):
         self._prev_action = np.zeros(3, np.float32)
         self.road_rgb = self.road_rgb_of = None  # the first frame, inside the stock reset, reads road_poly
+        self._start_variant(seed)
         super().reset(seed=seed, options=options)  # calls self.step(None) once, which renders the first frame
         if self.mode == "pixels":
             self._bind_road_colours()
@@ -232,6 +267,8 @@ class CarRacingBridge(CarRacing):
         return self._observe(info), float(reward), terminated, truncated, info
 
 
-def make_carracing(mode="pixels", fast_render=True, max_episode_steps=1000, render_mode=None) -> gym.Env:
+def make_carracing(mode="pixels", fast_render=True, max_episode_steps=1000, render_mode=None, variant=None,
+                   video_dir=None) -> gym.Env:  # fmt: skip
     """CarRacing-v3 (continuous) bridge wrapped in TimeLimit(max_episode_steps); see the module docstring."""
-    return TimeLimit(CarRacingBridge(mode, fast_render, render_mode), max_episode_steps=max_episode_steps)
+    bridge = CarRacingBridge(mode, fast_render, render_mode, variant, video_dir)
+    return TimeLimit(bridge, max_episode_steps=max_episode_steps)

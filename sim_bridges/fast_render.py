@@ -12,7 +12,9 @@ integer vertices -- Vector2.rotate_rad, pybox2d's float32 b2Mul for the car -- a
 indicator bar and score are drawn on a tiled canvas of their own and X-shrunk by the same kernel, and kept as
 they are while their integer inputs do not change (`sim_bridges.indicators`). Road colours, which contacts change in
 place, are read every frame: from the bridge's `road_rgb` array in one kernel where the env binds one
-(`sim_bridges.carracing`), else from `road_poly` entry by entry.
+(`sim_bridges.carracing`), else from `road_poly` entry by entry. A CarRacingExtension variant the env carries
+(`episode_variant`, `sim_bridges.carracing_variants`) adds its layers where `sim_bridges.variant_draw` says, in both
+paths; its grass texture (noise, video) is drawn on the pygame path only.
 
 Departures from drawing everything, each proven not to change a pixel:
 - polygons stock culls (its MAX_SHAPE_DIM test, reproduced) or whose pixels all miss the surviving rows;
@@ -38,7 +40,7 @@ import pygame
 from gymnasium.envs.box2d import car_racing as cr
 from pygame import gfxdraw
 
-from sim_bridges import indicators, raster, raster_car, shrink, view
+from sim_bridges import indicators, raster, raster_car, shrink, variant_draw, view
 from sim_bridges.indicators import Fonts as _Fonts
 from sim_bridges.render_geometry import FIELD as _FIELD
 from sim_bridges.render_geometry import GRASS as _GRASS
@@ -125,10 +127,14 @@ def _field(zoom: float, trans, rot) -> tuple[np.ndarray, np.ndarray]:
     return fx, fy
 
 
-def _draw_world(surf: pygame.Surface, env, cache: _EnvCache, zoom: float, trans, rot) -> None:
-    """Background, grass and road, as `CarRacing._render_road` draws them, minus provably invisible work."""
+def _draw_world(surf: pygame.Surface, env, cache: _EnvCache, zoom: float, trans, rot,
+                layers: variant_draw.Layers = variant_draw.NO_LAYERS) -> None:  # fmt: skip
+    """Background, grass and road, as `CarRacing._render_road` draws them, minus provably invisible work; a variant's
+    texture instead of background and grass (`sim_bridges.variant_draw`)."""
     fx, fy = _field(zoom, trans, rot)
-    if _fill_covers_visible_rows(fx[0], fy[0]):
+    if layers.texture is not None:
+        variant_draw.paint_texture(surf, layers)
+    elif _fill_covers_visible_rows(fx[0], fy[0]):
         surf.fill(cache.mapped(env.bg_color), (0, HIDDEN_ROWS, W, H - HIDDEN_ROWS))
     else:
         surf.fill(0)  # a fresh pygame.Surface is zeroed
@@ -142,14 +148,16 @@ def _draw_world(surf: pygame.Surface, env, cache: _EnvCache, zoom: float, trans,
     road_poly = env.road_poly
     grass_color = env.grass_color
     for i, pts in zip(keep.tolist(), points, strict=True):
+        if i < n_grass and layers.texture is not None:
+            continue
         color = grass_color if i < n_grass else [int(c) for c in road_poly[i - n_grass][1]]
         gfxdraw.aapolygon(surf, pts, color)
         gfxdraw.filled_polygon(surf, pts, color)
 
 
-def _world_exact(env, cache: _EnvCache, zoom: float, trans, rot) -> np.ndarray | None:
-    """The X-shrunk surviving world rows (H - HIDDEN_ROWS, 96, 3), car included, by `sim_bridges.raster`;
-    None where its integer-range guarantees do not hold (the caller then draws with pygame)."""
+def _world_exact(env, cache: _EnvCache, zoom: float, trans, rot, layers: variant_draw.Layers) -> np.ndarray | None:
+    """The X-shrunk surviving world rows (H - HIDDEN_ROWS, 96, 3), car and a variant's blob and bars included, by
+    `sim_bridges.raster`; None where its integer-range guarantees do not hold (the caller then draws with pygame)."""
     tiles = cache.tiles
     assert tiles is not None
     tiles.bind()  # this thread's buffers (shared by its envs)
@@ -178,6 +186,8 @@ def _world_exact(env, cache: _EnvCache, zoom: float, trans, rot) -> np.ndarray |
 
     car = view.car_screen(env.car, zoom, trans, rot)
     if car is None or not raster_car.draw_car(*car, tiles.canvas()):
+        return None
+    if not variant_draw.on_tiles(layers, tiles.canvas()):
         return None
     world = tiles.frame[: H - HIDDEN_ROWS]
     shrink.shrink_rows(tiles.canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, world)
@@ -213,10 +223,14 @@ def render_state_pixels(env) -> np.ndarray:
     trans = (W / 2 + trans[0], H / 4 + trans[1])
 
     rot = view.rotation(angle)
-    world = _world_exact(env, cache, zoom, trans, rot) if cache.tiles is not None else None
+    variant = env.__dict__.get("episode_variant")  # a CarRacingExtension variant (sim_bridges.carracing_variants)
+    layers = variant_draw.NO_LAYERS if variant is None else variant.layers(env.car, zoom, trans, angle)
+    exact = cache.tiles is not None and layers.texture is None  # a texture: the pygame path (variant_draw)
+    world = _world_exact(env, cache, zoom, trans, rot, layers) if exact else None
     if world is None:
-        _draw_world(cache.canvas, env, cache, zoom, trans, rot)
+        _draw_world(cache.canvas, env, cache, zoom, trans, rot, layers)
         env.car.draw(cache.canvas, zoom, trans, angle, False)
+        variant_draw.on_surface(layers, cache.canvas)
 
     # Stock: flip, paint the bar over rows H-100.. (opaque: rows 0..99 of the unflipped world never show),
     # smoothscale. Same pixels: X-shrink the surviving world rows, flip those 96-wide rows, stack the X-shrunk

@@ -126,8 +126,9 @@ class EvalOptions:
     """ckpt: seed of the controller's sampling"""
     perturb: str = ""
     """ckpt: a distribution shift: camera KIND:LEVEL (noise, blur, occlusion, brightness, motion_blur, fog,
-    darkness, jpeg, rain, hue), actuation (steer_delay:N, action_noise:STD), domain_randomize, your
-    module:function:LEVEL, or escalate:KIND:L1,L2,..@SECONDS; the shadow expert still acts on the privileged state"""
+    darkness, jpeg, rain, hue), actuation (steer_delay:N, action_noise:STD), the world (domain_randomize, and the
+    CarRacingExtension suite carracing:color, :color3, :bar, :blob, :noise, :video=DIR), your module:function:LEVEL,
+    or escalate:KIND:L1,L2,..@SECONDS; the shadow expert still acts on the privileged state"""
     failure_horizon: NonNegativeInt = 25
     """ckpt on carracing: failure prediction, how well each uncertainty signal foresees a failure event (off track,
     spun round, stalled) within this many steps: AUROC, lead time, false alarms per lap (0: off)"""

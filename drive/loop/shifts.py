@@ -5,6 +5,10 @@ A spec is one of
   motion_blur, fog, darkness, jpeg, rain, hue of datasets/camera_shifts.py) or an actuation kind of
   drive/loop/perturb.py (steer_delay, action_noise); each module's docstring gives the level's unit and range;
 - `domain_randomize`: CarRacing's own colour randomisation, a change of the world (level 1 in reports);
+- `carracing:VARIANT`: one of CarRacingExtension's generalisation variants (Tang, Nguyen & Ha, GECCO 2020), drawn
+  into the world by our renderer: `carracing:color`, `carracing:color3`, `carracing:bar`, `carracing:blob`,
+  `carracing:noise`, `carracing:video=DIR` (DIR a folder of PNG frames); world shifts, no level, seeded per episode
+  from (shift seed, track seed) (sim_bridges/carracing_variants.py says what each draws and where it departs);
 - `module.path:function:LEVEL`: a user's camera perturbation, a function `(frame (96, 96, 3) uint8, level float,
   rng numpy Generator) -> frame (96, 96, 3) uint8` importable from the PYTHONPATH, `rng` seeded per episode from
   (shift seed, track seed). `parse_shift` imports it and calls it once on a grey frame, so a missing module or
@@ -40,11 +44,15 @@ import numpy as np
 from datasets.camera_shifts import FrameFn
 from datasets.perturb import KINDS, RAW_SHAPE, WORLD_KINDS, FramePerturber, FunctionPerturber, Perturbation
 from drive.loop.perturb import ACTUATION_KINDS, PerturbedCamera, ShiftedActuation
+from sim_bridges import carracing_variants
+from sim_bridges.carracing import CarRacingBridge
 
 STEPS_PER_S = 50  # CarRacing's FPS: one env step is 1/50 s of simulated time
 SURROGATE_FAMILIES = ("noise", "brightness")
 CAMERA_KINDS = tuple(k for k in KINDS if k not in WORLD_KINDS)
 ESCALATE = "escalate:"
+VARIANT = "carracing:"  # a CarRacingExtension variant: carracing:KIND, carracing:video=DIR
+VARIANT_SPECS = (*(VARIANT + k for k in carracing_variants.KINDS if k != "video"), f"{VARIANT}video=DIR")
 
 
 @dataclass(frozen=True)
@@ -82,10 +90,14 @@ def parse_shift(text: str) -> Shift:
         return _escalation(spec)
     if spec in WORLD_KINDS:
         return Shift(spec, 1.0, "world", False)
+    variant = _variant(text, spec)
+    if variant is not None:
+        return variant
     head, sep, level = spec.rpartition(":")
     if not sep:
-        known = sorted([*CAMERA_KINDS, *ACTUATION_KINDS, *WORLD_KINDS])
-        raise ValueError(f"shift {text!r}: give KIND:LEVEL, domain_randomize or module:function:LEVEL ({known})")
+        known = sorted([*CAMERA_KINDS, *ACTUATION_KINDS, *WORLD_KINDS, *VARIANT_SPECS])
+        raise ValueError(f"shift {text!r}: give KIND:LEVEL, domain_randomize, carracing:VARIANT or "
+                         f"module:function:LEVEL ({known})")  # fmt: skip
     base = _family(text, head)
     return _at(text, base, _number(text, level))
 
@@ -105,17 +117,31 @@ def _escalation(text: str) -> Shift:
     return Shift(base.family, values[-1], base.domain, base.surrogate_family, values, interval, base.function)
 
 
+def _variant(text: str, spec: str) -> Shift | None:
+    """The world shift a `carracing:VARIANT` spec names; None where `spec` names no variant."""
+    if not spec.startswith(VARIANT) or spec.removeprefix(VARIANT).partition("=")[0] not in carracing_variants.KINDS:
+        return None
+    try:
+        variant = carracing_variants.parse_variant(spec.removeprefix(VARIANT))
+    except ValueError as exc:
+        raise ValueError(f"shift {text!r}: {exc}") from None
+    return Shift(f"{VARIANT}{variant}", 1.0, "world", False)
+
+
 def _family(text: str, head: str) -> Shift:
     """The shift `head` names (a kind, or module:function), its level still to be set."""
     if head in WORLD_KINDS:
         return Shift(head, 1.0, "world", False)
+    variant = _variant(text, head)
+    if variant is not None:
+        return variant
     if head in CAMERA_KINDS:
         return Shift(head, 0.0, "camera", head in SURROGATE_FAMILIES)
     if head in ACTUATION_KINDS:
         return Shift(head, 0.0, "actuation", False)
     module, sep, name = head.rpartition(":")
     if not sep or not module or not name:
-        known = sorted([*CAMERA_KINDS, *ACTUATION_KINDS, *WORLD_KINDS])
+        known = sorted([*CAMERA_KINDS, *ACTUATION_KINDS, *WORLD_KINDS, *VARIANT_SPECS])
         raise ValueError(f"shift {text!r}: unknown kind {head!r} (choose one of {known} or module:function:LEVEL)")
     return Shift(f"user:{module}:{name}", 0.0, "camera", False, function=load_function(text, module, name))
 
@@ -229,10 +255,17 @@ class ShiftSchedule(gym.Wrapper):
 
 
 def shifted_env(env: gym.Env, shift: Shift | None, seed: int = 0) -> gym.Env:
-    """`env` under `shift` (None: `env` itself), its randomness seeded per episode from (seed, track seed)."""
+    """`env` under `shift` (None: `env` itself), its randomness seeded per episode from (seed, track seed). A
+    CarRacing variant is set on the simulator itself (`CarRacingBridge.set_variant`), which draws it."""
     if shift is None:
         return env
     target: Any | None
+    if shift.domain == "world" and shift.family.startswith(VARIANT):  # drawn by the simulator from its next reset
+        bridge = env.unwrapped
+        if not isinstance(bridge, CarRacingBridge):
+            raise ValueError(f"shift {shift}: a CarRacing variant needs the carracing env, not {type(bridge).__name__}")
+        bridge.set_variant(carracing_variants.parse_variant(shift.family.removeprefix(VARIANT), seed))
+        return ShiftSchedule(env, shift, None)
     if shift.domain == "world":
         return ShiftSchedule(PerturbedCamera(env, Perturbation(shift.family), seed), shift, None)
     if shift.domain == "actuation":

@@ -226,3 +226,51 @@ def test_drive_eval_perturb_runs_a_held_out_family(tmp_path, capsys):
     capsys.readouterr()
     assert main([("fog:1" if a == "fog:0.5" else a) for a in argv]) == 2
     assert "--perturb: shift 'fog:1': level out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["color", "color3", "bar", "blob", "noise"])
+def test_carracing_variants_are_world_shifts(kind):
+    shift = parse_shift(f" carracing:{kind} ")
+    assert (shift.family, shift.level, shift.domain) == (f"carracing:{kind}", 1.0, "world")
+    assert not shift.surrogate_family and not shift.escalating
+    assert str(shift) == f"carracing:{kind}" and parse_shift(str(shift)) == shift
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [("carracing:color:1", "takes no level"), ("escalate:carracing:bar:1@2", "no level to escalate"),
+     ("carracing:video", "folder of PNG"), ("carracing:video=/no/such/folder", "not a folder"),
+     ("color3", "carracing:VARIANT"), ("color3:1", "'carracing:color3'")],
+)  # fmt: skip
+def test_bad_variant_specs_are_one_line_value_errors(spec, says):
+    with pytest.raises(ValueError, match=says) as err:
+        parse_shift(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_a_variant_shift_is_the_registered_variant_env(tmp_path):
+    from sim_bridges import registry
+
+    registry.register()
+    actions = _commands(8)
+    for kind in ("blob", "noise"):
+        env = shifted_env(make_env("carracing", max_episode_steps=50), parse_shift(f"carracing:{kind}"))
+        frames, infos = _drive(env, actions)
+        assert all(info["shift"] == f"carracing:{kind}" and info["shift_stage"] == 1 for info in infos)
+        same, _ = _drive(gym.make(registry.VARIANT_IDS[kind], max_episode_steps=50), actions)
+        np.testing.assert_array_equal(np.stack(frames), np.stack(same))
+    cv2 = pytest.importorskip("cv2")
+    cv2.imwrite(str(tmp_path / "1.png"), np.full((4, 4, 3), 200, np.uint8))
+    env = shifted_env(make_env("carracing", max_episode_steps=50), parse_shift(f"carracing:video={tmp_path}"))
+    assert str(env.unwrapped.variant) == f"video={tmp_path}"
+    with pytest.raises(ValueError, match="needs the carracing env"):
+        shifted_env(make_env("fake-road"), parse_shift("carracing:bar"))
+
+
+def test_drive_eval_perturb_runs_a_carracing_variant(tmp_path):
+    out = tmp_path / "color3.json"
+    argv = ["eval", "--ckpt", str(NSAC), "--seeds", "1000", "--max-episode-steps", "20", "--perturb",
+            "carracing:color3", "--no-progress", "--failure-horizon", "0", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["perturb"] == "carracing:color3" and result["episodes"][0]["steps"] == 20
