@@ -60,6 +60,8 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "closedloop"): "Benchmark: steps per CPU-second from the bare env (stock, ours, EnvPool) to collect and "
     "eval (K cars, 1-2 workers), with ratios.",
     ("bench", "misbehaviour"): "Benchmark: misbehaviour prediction (TTM windows scored alike, F3) and prevention.",
+    ("bench", "generalisation"): "Benchmark: CarRacingExtension's variants (Color, Color3, Bar, Blob, Noise) beside "
+    "the published agents, ungated and gated.",
     ("bench", "scale"): "Benchmark: collection on 1, 2 Ray workers and training on 1, 2 DDP ranks, with ratios.",
     ("bench", "controllers"): "Benchmark: six controllers at one budget over seeds, offline, closed loop and OOD, with "
     "95 % intervals.",

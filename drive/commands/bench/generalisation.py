@@ -1,0 +1,90 @@
+"""`drive bench generalisation`: every controller on CarRacingExtension's variants (Color, Color3, Bar, Blob, Noise;
+Video with `--video DIR`), ungated and gated, beside the suite's published agents (drive/studies/generalisation.py).
+
+    drive bench generalisation --ckpt checkpoints/carracing_nsac.pt --out runs/gen --seeds 1000-1099 --workers 2
+
+DIR/points/ keeps each (controller, variant, gate) as it finishes, so a rerun resumes; DIR/results.json and
+DIR/results.md hold the tables, DIR/variants.png one frame of each variant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from datasets.root import portable
+from drive.errors import UserError
+from drive.loop.options import SHIPPED_CONTROLLER, SHIPPED_HINT
+from drive.options import NonNegativeInt, PositiveInt, Workers, writable_dir
+
+RESUMES = True  # rerunning the same command continues what an interrupted run left
+
+VARIANTS = ("carracing:color", "carracing:color3", "carracing:bar", "carracing:blob", "carracing:noise")
+
+
+@dataclass(frozen=True)
+class Config:
+    out: Path
+    """output directory (points/, results.json, results.md, variants.png); rerunning resumes"""
+    ckpt: Annotated[tuple[Path, ...], SHIPPED_HINT] = (SHIPPED_CONTROLLER,)
+    """controller checkpoints; paths that differ only in a seed<N> part are one controller over training seeds"""
+    variants: tuple[str, ...] = VARIANTS
+    """the suite's variants as shifts (the clean env always runs too): carracing:color, :color3, :bar, :blob,
+    :noise"""
+    video: Path | None = None
+    """a folder of PNG frames: adds the Video variant (the grass replaced by these frames)"""
+    gates: tuple[str, ...] = ("slow", "expert")
+    """the gated runs beside the ungated one: slow (nothing privileged) and expert (a privileged oracle bound); any
+    `drive eval --fallback` spec"""
+    seeds: str = "1000-1099"
+    """unseen track seeds, the same for every point (the leaderboard uses 100 episodes)"""
+    max_episode_steps: PositiveInt = 1000
+    """step limit per episode"""
+    workers: Workers = 1
+    """parallel worker processes"""
+    envs: NonNegativeInt = 0
+    """cars per worker process, one controller call per step for all (0: min(64, seeds per worker))"""
+    samples: PositiveInt | None = None
+    """stochastic samples per step (default: each controller's own)"""
+    progress: bool = False
+    """progress bars"""
+
+
+def run(cfg: Config) -> int:
+    from drive.loop.fallback import parse_fallback
+    from drive.loop.seeds import parse_seeds
+    from drive.loop.shifts import parse_shift  # the simulator and torch: not for `--help`
+    from drive.studies import generalisation
+
+    if not cfg.ckpt:
+        raise UserError("give at least one --ckpt")
+    variants = [*cfg.variants, *([f"carracing:video={cfg.video}"] if cfg.video is not None else [])]
+    for variant in variants:
+        try:
+            shift = parse_shift(variant)
+        except ValueError as exc:
+            raise UserError(f"--variants {variant!r}: {exc}") from None
+        if not shift.family.startswith("carracing:"):
+            raise UserError(f"--variants {variant!r}: not a CarRacingExtension variant (carracing:KIND)")
+    for gate in cfg.gates:
+        if gate == "off" or parse_fallback(gate) is None:
+            raise UserError(f"--gates {gate!r}: give a fallback (slow, expert, MODE:KEY=VALUE); the ungated run is "
+                            "always there")  # fmt: skip
+    for path in cfg.ckpt:
+        if not path.is_file():
+            raise UserError(f"--ckpt {path}: no such file")
+    parse_seeds(cfg.seeds)
+    writable_dir(cfg.out, "--out")
+    # controllers named relative to the working directory: results.json stores no machine's folders
+    suite = generalisation.Suite(controllers=tuple(str(portable(str(p))) for p in cfg.ckpt),
+                                 variants=(generalisation.CLEAN, *variants), gates=cfg.gates, seeds=cfg.seeds,
+                                 max_episode_steps=cfg.max_episode_steps, workers=cfg.workers, envs=cfg.envs,
+                                 samples=cfg.samples, progress=cfg.progress)  # fmt: skip
+    results = generalisation.run(cfg.out, suite)
+    text = "\n".join(generalisation.tables(results)) + "\n"
+    (cfg.out / "results.md").write_text(text)
+    figure = generalisation.frames_figure(cfg.out / "variants.png", suite.variants)
+    print(text)
+    print(f"wrote {cfg.out / 'results.json'}, {cfg.out / 'results.md'} and {figure}")
+    return 0
