@@ -146,9 +146,8 @@ def eval_figure(results: Mapping[str, Any]) -> Any:
                 continue
             for label, values in bars.items():
                 ax.bar(values[0], values[k], width, label=label)
-            ax.set_xticks(
-                np.arange(len(signals)) + 0.4 - width / 2, [s.replace("_", "\n") for s in signals], fontsize=7
-            )
+            ticks = [s.replace("_", "\n") for s in signals]
+            ax.set_xticks(np.arange(len(signals)) + 0.4 - width / 2, ticks, fontsize=7)
             ax.legend(fontsize=6)
             if k == 1:
                 ax.axhline(0.5, color="0.5", ls=":", lw=1)

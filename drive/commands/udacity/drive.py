@@ -60,8 +60,7 @@ def run(cfg: Config) -> int:
 
     tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     torch.set_num_threads(cfg.threads)
-    spec = f"ckpt:{cfg.ckpt}" if cfg.ckpt is not None else cfg.driver
-    policy = make_policy(spec, cfg, cfg.samples, cfg.seed)  # a bad checkpoint fails before we bind a port
+    policy = make_policy(f"ckpt:{cfg.ckpt}" if cfg.ckpt else cfg.driver, cfg, cfg.samples, cfg.seed)  # pre-bind
     run_dir = Path(cfg.run_dir or f"runs/udacity_drive/{time.strftime('%Y%m%d-%H%M%S')}")
     if (run_dir / "steps.csv").exists():
         raise UserError(f"--run-dir {run_dir} holds another session's log: each session logs into a new directory")
