@@ -34,6 +34,7 @@ import numpy as np
 
 from datasets.files import atomic_write
 from drive import metrics
+from drive.options import Workers
 from drive.studies.over_seeds import cell_text, interval
 
 CLEAN = "clean"
@@ -62,7 +63,7 @@ class Suite:
     gates: tuple[str, ...] = ("slow", "expert")
     seeds: str = "1000-1099"
     max_episode_steps: int = 1000
-    workers: int = 1
+    workers: Workers = 1
     envs: int = 0
     samples: int | None = None
     progress: bool = False
