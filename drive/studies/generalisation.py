@@ -130,16 +130,22 @@ def summarise(result: Mapping[str, Any], gated: bool) -> dict[str, Any]:
     return out
 
 
-def signal(grid: Mapping[str, Mapping[str, Any]], variant: str) -> dict[str, float]:
+def signal(grid: Mapping[str, Mapping[str, Any]], variant: str, n_null: int = 1000) -> dict[str, Any]:
     """The epistemic signal of one controller under `variant`: mean per-episode epistemic variance, its ratio to the
-    clean runs' and the AUROC of the per-episode mean, variant episodes against clean ones (0.5: it cannot tell)."""
+    clean runs' and the AUROC of the per-episode mean, variant episodes against clean ones (0.5: it cannot tell).
+    Beside it its null: the same AUROC with the episodes' variant / clean labels shuffled (`n_null` draws, seeded),
+    a score that carries no information about the variant; `clears` when the AUROC lies above the null's 97.5 %."""
     clean = np.array(grid[CLEAN]["off"]["epistemic"], float)
     shifted = np.array(grid[variant]["off"]["epistemic"], float)
     clean, shifted = clean[np.isfinite(clean)], shifted[np.isfinite(shifted)]
     if not len(clean) or not len(shifted):
-        return {"mean": math.nan, "ratio": math.nan, "auroc": math.nan}
+        return {"mean": math.nan, "ratio": math.nan, "auroc": math.nan, "null": [math.nan, math.nan], "clears": False}
+    auroc = float(metrics.auroc(clean, shifted))
+    pooled, rng = np.concatenate([clean, shifted]), np.random.default_rng(0)
+    draws = [metrics.auroc(*np.split(rng.permutation(pooled), [len(clean)])) for _ in range(n_null)]
+    low, high = (float(q) for q in np.quantile(draws, [0.025, 0.975]))
     return {"mean": float(shifted.mean()), "ratio": float(shifted.mean() / clean.mean()) if clean.mean() else math.nan,
-            "auroc": float(metrics.auroc(clean, shifted))}  # fmt: skip
+            "auroc": auroc, "null": [low, high], "clears": auroc > high}  # fmt: skip
 
 
 def over_seeds(grid: Mapping[str, Mapping[str, Any]], suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
@@ -207,10 +213,15 @@ def tables(results: Mapping[str, Any]) -> list[str]:
                      f"({by[v][g]['handed_over']:.2f})" for v in variants]  # fmt: skip
             lines.append(_row(_label(controller, g), cells))
     shifted = [v for v in variants if v != CLEAN]
-    title = "## Does it know it is lost? Epistemic variance of the steering: ratio to clean, AUROC against clean"
+    title = (
+        "## Does it know it is lost? Epistemic variance of the steering: ratio to clean, AUROC against clean "
+        "(its null: the labels shuffled, 95 %; * clears it)"
+    )
     lines += ["", title, "", _row("controller", [short(v) for v in shifted]), "|---|" + "---|" * len(shifted)]
     for controller, by in results["signal"].items():
-        lines.append(_row(_name(controller), [f"{by[v]['ratio']:.2f}x, {by[v]['auroc']:.2f}" for v in shifted]))
+        cells = [f"{by[v]['ratio']:.2f}x, {by[v]['auroc']:.2f}{' *' if by[v]['clears'] else ''} "
+                 f"(null {by[v]['null'][0]:.2f}-{by[v]['null'][1]:.2f})" for v in shifted]  # fmt: skip
+        lines.append(_row(_name(controller), cells))
     seeded = {k: v for k, v in results["over_seeds"].items() if "seed*" in k}
     if seeded:
         lines += ["", "## Over training seeds: mean return ± 95 % interval (Student-t)", "", *head]
