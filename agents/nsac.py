@@ -14,8 +14,6 @@ so a comparison changes exactly one thing:
 so each stochastic pass s gives a Gaussian N(mean_s, sigma_s^2) per target; the base class turns S passes into mean,
 aleatoric E_s[sigma_s^2] and epistemic Var_s[mean_s]. Everything between the softmax and the token mean is linear,
 so the layer pools each sample in one batched matmul (its `readout` path); only the small readout runs per sample.
-(An earlier version read mean and log-std out linearly: the prediction was then a convex combination of linear maps
-of the frame tokens — it could not form differences between frames, cloned worse and drove far worse.)
 
 Loss, as the paper's loss section states it and the authors' code (losses.py NSACLoss, NSAC.train_step) computes
 it where the extracted text lost the equations; N = n_passes (5, the authors' default) passes on the clean batch
@@ -40,18 +38,9 @@ paper's term:
 2. `reg_pairs=true`: the mean over inputs of L_reg of each (clean input, its surrogate) pair instead of L_reg of the
    batch means. The batch-mean ratio is met by a few surrogates with huge variance while most stay at the clean
    level; per pair, every surrogate must out-vary its own clean input.
-Measured on the spiral with real extrapolation, today's code and defaults (`drive train --task spiral --controller
-nsac --seed 0 --epochs 30 --threads 1 --set task.train_region=interpolation` plus `reg_weight=0`, `reg_form=paper
-reg_pairs=false` or nothing for the default anchored per-pair form; docs/closed_loop.md has the three commands and
-`docs/figures/spiral_fig3.py` draws them): the root of the mean epistemic variance on the trained steps / on the
-extrapolated ones (metrics.json `interpolation` / `extrapolation`), against an aleatoric std of 0.05 on both: no L_reg
-5.0e-4 / 1.6e-3; the paper's ratio 1.3e-4 / 7.0e-3 (it pushes the in-distribution variance down, 4x below no L_reg);
-anchored 2.1e-3 / 9.3e-2, the only one whose extrapolation variance exceeds the aleatoric scale. One seed: a
-comparison to be read as an illustration.
-On CarRacing, all eight combinations and no regulariser, three seeds each at one budget (docs/nsac_ablation.md, its
-command there): only the default (anchored, per pair, input) lifts the epistemic AUROC over held-out camera shifts
-above the no-regulariser level (0.73 against 0.58; every other combination 0.49-0.60), and it is also the one whose
-action collapses under pixel noise 0.2 (kept 0.37 of its clean return; the others 0.79-1.14).
+Measured (docs/nsac_ablation.md, "Why the anchored, per-pair form", with its commands): on the spiral only the
+anchored form lifts the extrapolation variance above the aleatoric scale; on CarRacing only the default (anchored,
+per pair, input) lifts the epistemic AUROC over held-out camera shifts above the no-regulariser level.
 
 The OOD surrogate (`ood_at=input`, as the authors' code: on the model input). Per input one of two Gaussian
 perturbations: additive noise of std ood_scale = 0.3 x the batch's input std (on frames ~0.08 in [0, 1] pixel
@@ -64,19 +53,14 @@ need not raise the epistemic variance, so detection is to be judged on shift fam
 from (additive noise and gain/offset are its own), reported apart from those it does.
 `ood_valid` (default on) rounds and clamps the surrogate of uint8 frames to a valid frame: a float surrogate puts
 pixels below 0 and above 255, which no real frame has, and a model can learn to flag those pixels instead of the
-perturbation (an earlier model did: it separated the raw surrogate perfectly and the same draws clamped to [0, 255]
-at chance).
+perturbation (docs/nsac_ablation.md says what an earlier model learnt instead).
 
 `ood_fit = w` (default 0: the paper's loss) adds w x the Gaussian NLL of the surrogate's mean prediction against the
 clean label. The paper's loss fits only the clean batch and asks the passes to disagree on the surrogate, so nothing
-keeps their mean — the action — a good action there: on frames like the surrogate it moves with them. Measured on
-the README's reference dataset, 3 training seeds, tracks 1000-1009 (`drive bench controllers --data runs/ref/data
---out runs/ref/bench --controllers all nsac-fit-0.3 nsac-fit-0.1`, docs/controllers.md): under pixel noise 0.2 the
-default keeps 0.37 of its clean return (241 against 711), w = 1 keeps 0.99 (879 against 889); the price is the
-signal — the epistemic AUROC over held-out shift families falls from 0.73 to 0.58 (w = 0.1: 0.66) and on the
-surrogate's own noise family from 0.98 to 0.57. The default stays 0 (the paper's loss); the shipped
-checkpoints/carracing_nsac.pt is trained with w = 0.1, which keeps 0.90 of its clean return under that noise on unseen
-tracks at a held-out AUROC of 0.63 (its model card has the commands and the w = 1 file it was chosen over).
+keeps their mean — the action — a good action there: on frames like the surrogate it moves with them.
+Measured (docs/nsac_ablation.md, "ood_fit: the action under a shift against the signal", with its commands): w = 1 keeps
+the action under pixel noise at the cost of the held-out signal; the default stays 0 (the paper's loss) and the shipped
+checkpoints/carracing_nsac.pt uses w = 0.1 (its model card has the commands).
 
 Other departures, and why:
 - Targets are standardised (base class), so reg_eps and var_eps act in standardised units, not raw ones.

@@ -26,8 +26,8 @@ Definitions (stated because the literature uses several):
   score than an in-distribution one, ties counted one half (Mann-Whitney U / (n_in * n_out)).
 - average_precision(positive, negative): sklearn's average_precision_score (AUPRC), reproduced without sklearn.
 - bootstrap(statistic, sizes): a percentile interval over resamples with replacement, strata resampled apart (the
-  misbehaviour protocol's episodes, drive/studies/protocol.py). Percentiles of the replicates: the interval stays
-  inside the statistic's range.
+  misbehaviour protocol's episodes, drive/studies/misbehaviour/protocol.py). Percentiles of the replicates: the interval
+  stays inside the statistic's range.
 - wilson(k, n, z): the Wilson score interval of a proportion k / n, (c -+ h) with c = (k + z^2/2) / (n + z^2) and
   h = z / (n + z^2) sqrt(k (n - k) / n + z^2 / 4) (Wilson 1927); inside [0, 1], unlike p -+ z sqrt(p (1 - p) / n).
 - holm(pvalues): Holm-Bonferroni adjusted p-values (Holm 1979), the i-th smallest of m becoming

@@ -1,7 +1,7 @@
 """A tiny, fast fake road with the CarRacing bridge's contract, for tests of the closed loop and the recorder.
 
 Not a simulator of anything real: a kinematic car on a closed road whose curvature is a few seeded sinusoids.
-It speaks the same contract as `sim_bridges.carracing.make_carracing(mode="pixels")` (registered as
+It speaks the same contract as `sim_bridges.carracing.bridge.make_carracing(mode="pixels")` (registered as
 `drive/FakeRoad-v0`):
 
 - observation: a (96, 96, 3) uint8 RGB frame of the road ahead (a speed bar at the bottom, like CarRacing's

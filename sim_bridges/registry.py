@@ -2,12 +2,12 @@
 
 `register()` (idempotent, never run at import) makes `gymnasium.make(ENV_IDS[name], ...)` work for
 
-    drive/CarRacing-v0   sim_bridges.carracing.CarRacingBridge  kwargs: mode ("pixels" | "state"), fast_render
+    drive/CarRacing-v0   sim_bridges.carracing.bridge.CarRacingBridge  kwargs: mode ("pixels" | "state"), fast_render
     drive/FakeRoad-v0    sim_bridges.fake_road.FakeRoad         a tiny synthetic road for tests; kwargs: n_tiles
-    drive/Udacity-v0     sim_bridges.udacity.UdacityEnv         the real simulator over socket.io (nondeterministic)
-    drive/CarRacing{Color,Color3,Bar,Blob,Noise,Video}-v0
+    drive/Udacity-v0     sim_bridges.udacity.bridge.UdacityEnv         the real simulator over socket.io
+    (nondeterministic) drive/CarRacing{Color,Color3,Bar,Blob,Noise,Video}-v0
                          CarRacingBridge(variant=...)           CarRacingExtension's generalisation variants
-                                                                (`sim_bridges.carracing_variants`; Video: video_dir=DIR)
+                                                                (`sim_bridges.carracing.variants`; Video: video_dir=DIR)
 
 `max_episode_steps` is gymnasium's own TimeLimit (defaults 1000, 300). `check_bridge(env)` runs gymnasium's
 `check_env` and our contract for the driving envs: action Box(3) (steer, gas, brake) with CarRacing's bounds, the
@@ -20,17 +20,17 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from sim_bridges.carracing import ACTION_HIGH, ACTION_LOW, INFO_KEYS
-from sim_bridges.carracing_variants import KINDS
+from sim_bridges.carracing.bridge import ACTION_HIGH, ACTION_LOW, INFO_KEYS
+from sim_bridges.carracing.variants import KINDS
 
 ENV_IDS = {"carracing": "drive/CarRacing-v0", "fake-road": "drive/FakeRoad-v0", "udacity": "drive/Udacity-v0"}
 _SPECS = {
-    "drive/CarRacing-v0": {"entry_point": "sim_bridges.carracing:CarRacingBridge", "max_episode_steps": 1000},
+    "drive/CarRacing-v0": {"entry_point": "sim_bridges.carracing.bridge:CarRacingBridge", "max_episode_steps": 1000},
     "drive/FakeRoad-v0": {"entry_point": "sim_bridges.fake_road:FakeRoad", "max_episode_steps": 300},
-    "drive/Udacity-v0": {"entry_point": "sim_bridges.udacity:UdacityEnv", "nondeterministic": True},
+    "drive/Udacity-v0": {"entry_point": "sim_bridges.udacity.bridge:UdacityEnv", "nondeterministic": True},
 }
 VARIANT_IDS = {kind: f"drive/CarRacing{kind.capitalize()}-v0" for kind in KINDS}  # color3 -> CarRacingColor3-v0
-_SPECS.update({env_id: {"entry_point": "sim_bridges.carracing:CarRacingBridge", "max_episode_steps": 1000,
+_SPECS.update({env_id: {"entry_point": "sim_bridges.carracing.bridge:CarRacingBridge", "max_episode_steps": 1000,
                         "kwargs": {"variant": kind}} for kind, env_id in VARIANT_IDS.items()})  # fmt: skip
 DRIVING_ENVS = ("carracing", "fake-road")  # the envs with CarRacing's action layout and info (closed-loop BC)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ from tests.conftest import REPO
 
 LOWER = ("agents", "sim_bridges", "datasets")
 PACKAGES = ("drive", *LOWER)
-MAX_MODULE_LINES = 330  # the guideline is ~300; a hard stop a little above it
-MAX_FUNCTION_LINES = 60
+# Files are sized by cohesion (STYLE.md): a module or function past its soft budget is named in a warning, so a reader
+# sees where a split may pay; only the hard stop, well above it, fails. A cohesive file is never cut to meet a count.
+SOFT_MODULE_LINES, MAX_MODULE_LINES = 330, 600
+SOFT_FUNCTION_LINES, MAX_FUNCTION_LINES = 60, 100
 
 
 def _modules() -> dict[str, Path]:
@@ -136,19 +139,46 @@ def test_layers_point_down():
     assert not offenders, f"layer violations: {offenders}"
 
 
-def test_modules_and_functions_stay_small():
-    long_modules, long_functions = {}, {}
+def _lengths() -> tuple[dict[str, int], dict[str, int]]:
+    modules, functions = {}, {}
     for name, path in MODULES.items():
         text = path.read_text()
-        if len(text.splitlines()) > MAX_MODULE_LINES:
-            long_modules[name] = len(text.splitlines())
+        modules[name] = len(text.splitlines())
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
-                if length > MAX_FUNCTION_LINES:
-                    long_functions[f"{name}:{node.name}"] = length
+                functions[f"{name}:{node.name}"] = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+    return modules, functions
+
+
+def test_modules_and_functions_stay_within_their_budget():
+    modules, functions = _lengths()
+    over_soft = {m: n for m, n in {**modules, **functions}.items()
+                 if n > (SOFT_FUNCTION_LINES if ":" in m else SOFT_MODULE_LINES)}  # fmt: skip
+    if over_soft:
+        warnings.warn(f"past the soft line budget ({SOFT_MODULE_LINES} per module, {SOFT_FUNCTION_LINES} per "
+                      f"function; split only where the purpose divides): {over_soft}", stacklevel=1)  # fmt: skip
+    long_modules = {m: n for m, n in modules.items() if n > MAX_MODULE_LINES}
+    long_functions = {f: n for f, n in functions.items() if n > MAX_FUNCTION_LINES}
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+
+
+def _is_study(m: str) -> bool:
+    return m == "drive.studies" or m.startswith("drive.studies.")
+
+
+def test_only_commands_import_a_study():
+    offenders = {m: sorted(d for d in deps if _is_study(d)) for m, deps in GRAPH.items()
+                 if not (_is_study(m) or _is_command(m))}  # fmt: skip
+    offenders = {m: d for m, d in offenders.items() if d}
+    assert not offenders, f"a study is imported by more than commands and studies: {offenders}"
+
+
+def test_each_study_is_one_folder():
+    """A study's modules live in drive/studies/<study>/ (shared statistics aside); none sits loose beside them."""
+    shared = ("__init__.py", "over_seeds.py")
+    loose = sorted(p.name for p in (REPO / "drive" / "studies").glob("*.py") if p.name not in shared)
+    assert not loose, f"modules loose in drive/studies/ (give each study its folder): {loose}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -17,7 +17,7 @@ from datasets.udacity import UdacityLogError, read_log
 from drive.errors import UserError
 from drive.loop.seeds import MAX_SEEDS, format_seeds, parse_seeds
 from drive.loop.specs import parse_policy_spec
-from sim_bridges.udacity_protocol import TelemetryError, encode_jpeg, parse_telemetry
+from sim_bridges.udacity.protocol import TelemetryError, encode_jpeg, parse_telemetry
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

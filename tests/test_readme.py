@@ -205,8 +205,8 @@ def test_a_bench_page_is_what_its_archived_records_make(tmp_path, monkeypatch, a
 def test_the_misbehaviour_headline_is_what_its_archived_results_make():
     """docs/misbehaviour.md's three-seed table: every row is what `over_seeds` and `seeds_table` make of the per-
     checkpoint figures of the run's results.json (archived, xz: docs/misbehaviour_runs/), recomputed here."""
-    from drive.studies.misbehaviour_report import over_seeds
-    from drive.studies.misbehaviour_text import seeds_table
+    from drive.studies.misbehaviour.report import over_seeds
+    from drive.studies.misbehaviour.text import seeds_table
 
     with lzma.open(REPO / "docs" / "misbehaviour_runs" / "seeds3_results.json.xz") as f:
         results = json.load(f)

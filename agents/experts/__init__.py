@@ -1,4 +1,4 @@
-"""Experts that drive CarRacing from the privileged state vector (`info["state"]` of sim_bridges.carracing).
+"""Experts that drive CarRacing from the privileged state vector (`info["state"]` of sim_bridges.carracing.bridge).
 
 Each exposes `reset()` and `act(state) -> (3,) float32` (steer, gas, brake):
 - `pursuit.PurePursuit`: geometric pure pursuit with a curvature speed governor, no learning.

@@ -1,7 +1,7 @@
 """The PPO expert's deterministic action path, rebuilt as a plain torch module (no stable-baselines3 at inference).
 
 Trained by `drive expert train` with SB3's PPO (Schulman et al. 2017, "Proximal Policy Optimization Algorithms")
-on the privileged state vector of `sim_bridges.carracing`. What is exported is exactly what SB3's
+on the privileged state vector of `sim_bridges.carracing.bridge`. What is exported is exactly what SB3's
 `model.predict(obs, deterministic=True)` computes, plus the observation normalisation and action post-processing:
 
     z      = clip((state - obs_mean) / sqrt(obs_var + eps), -clip_obs, clip_obs)   VecNormalize, frozen

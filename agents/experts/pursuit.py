@@ -22,9 +22,10 @@ import numpy as np
 @dataclass(frozen=True)
 class PursuitConfig:
     state_names: tuple[str, ...]
-    """Names of the state vector's entries (sim_bridges.carracing.STATE_NAMES), so the expert finds its inputs."""
+    """Names of the state vector's entries (sim_bridges.carracing.bridge.STATE_NAMES), so the expert finds its
+    inputs."""
     lookahead_m: tuple[float, ...]
-    """Arc-length distances of the state's look-ahead samples (sim_bridges.carracing.LOOKAHEAD_M)."""
+    """Arc-length distances of the state's look-ahead samples (sim_bridges.carracing.bridge.LOOKAHEAD_M)."""
     k_speed: float = 0.35
     """Look-ahead seconds: L_d grows with speed by this factor (m per m/s)."""
     l_0: float = 6.0

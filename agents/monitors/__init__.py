@@ -4,5 +4,5 @@
 - `thirdeye`: ThirdEye (Stocco et al., ASE 2022), the controller's Grad-CAM attention map summarised per frame.
 
 Each gives a per-frame score, higher = more alarming; thresholds and the windows they are judged on belong to the
-study (drive/studies/protocol.py), which imports these modules, never the other way round.
+study (drive/studies/misbehaviour/protocol.py), which imports these modules, never the other way round.
 """

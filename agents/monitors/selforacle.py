@@ -14,7 +14,7 @@ code, ast-fortiss-tum/misbehaviour-prediction-with-uncertainty-quantification). 
 rec + 50 % KL"; kl_weight = 0 is their "MSE" compile, the loss Grewal et al.'s SelfOracle checkpoint trained on).
 The alarm threshold is the ppf of a Gamma distribution fitted to nominal scores at a confidence level (their
 `get_threshold`: zeros removed, scipy.stats.gamma.fit(floc=0)); it lives in the study
-(`drive.studies.protocol.gamma_threshold`), which agents/ may not import.
+(`drive.studies.misbehaviour.protocol.gamma_threshold`), which agents/ may not import.
 
 Departures, and why:
 - Input: our coded frame, uint8 (84, 84) grayscale, the newest frame of the controller's stack, so the monitor sees

@@ -10,8 +10,9 @@ code, ast-fortiss-tum/misbehaviour-prediction-with-uncertainty-quantification):
     avg_t      = 1/P sum_p M_t[p]                      the mean attention of frame t ("-avg")
     avg_grad_t = 1/P sum_p |M_t[p] - M_{t-1}[p]|       its change from the previous frame, 0 at t = 0 ("-avg-grad")
 
-(their ICST 2024 runs use SmoothGrad with "-avg-grad", aggregated by max over a window; drive/studies/protocol.py
-applies the windows and the Gamma threshold). The attention map M is Grad-CAM (Selvaraju et al., ICCV 2017):
+(their ICST 2024 runs use SmoothGrad with "-avg-grad", aggregated by max over a window;
+drive/studies/misbehaviour/protocol.py applies the windows and the Gamma threshold). The attention map M is Grad-CAM
+(Selvaraju et al., ICCV 2017):
 
     alpha_k = 1/Z sum_ij d y / d A^k_ij,       M = ReLU(sum_k alpha_k A^k)                       (B, 7, 7)
 

@@ -1,4 +1,5 @@
-"""`drive ood`: offline OOD detection of camera perturbations by each controller's uncertainty (drive/studies/ood.py).
+"""`drive ood`: offline OOD detection of camera perturbations by each controller's uncertainty
+(drive/studies/ood/study.py).
 
     drive ood --ckpt checkpoints/carracing_nsac.pt runs/c/gmle/best.pt --perturb noise:0.1,domain_randomize \
         --out runs/ood.json
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drive.studies.ood import OODOptions, detect
+from drive.studies.ood.study import OODOptions, detect
 
 
 @dataclass(frozen=True)

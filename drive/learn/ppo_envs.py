@@ -11,7 +11,7 @@ import torch
 from stable_baselines3.common.monitor import Monitor
 
 from agents.experts.ppo import PPOPolicyConfig, to_env_action
-from sim_bridges.carracing import IDX, TRACK_HALF_WIDTH, make_carracing
+from sim_bridges.carracing.bridge import IDX, TRACK_HALF_WIDTH, make_carracing
 
 
 class PolicyAction(gym.Wrapper):

@@ -28,7 +28,7 @@ from drive import checkpoint
 from drive.errors import UserError
 from drive.learn.options import PPOExpertOptions
 from drive.learn.ppo_envs import make_env
-from sim_bridges.carracing import IDX, STATE_DIM, STATE_NAMES, make_carracing
+from sim_bridges.carracing.bridge import IDX, STATE_DIM, STATE_NAMES, make_carracing
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ from drive.loop.policies import aggregate
 from drive.loop.pool import Ticker, run_tasks
 from drive.loop.rollout import EpisodeResult, Lane, Observer, run_lanes
 from drive.loop.seeds import parse_seeds
-from drive.loop.shifts import parse_shift, shifted_env
 from drive.loop.specs import default_shadow, make_policy, parse_policy_spec
 from drive.loop.thresholds import fallback_for_command
-from sim_bridges.carracing import IDX
+from drive.perturb.registry import parse_shift, shifted_env
+from sim_bridges.carracing.bridge import IDX
 
 ObserverFactory = Callable[[gym.Env, str], Observer]
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from drive.errors import UserError
 from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Probability
-from sim_bridges.carracing import ACTION_NAMES
+from sim_bridges.carracing.bridge import ACTION_NAMES
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ def freeze_heap() -> None:
     write), which is what CPython's documentation of `gc.freeze` recommends before a fork. Objects alive now that
     later become cyclic garbage are not reclaimed: they live as long as the process anyway. `drive bench closedloop`
     prints how many objects were frozen and the collector's time per step and longest pause beside its stages
-    (drive/studies/loop_stages.py). Called by drive/loop/pool.py `run_tasks` before its first tasks."""
+    (drive/studies/closedloop/stages.py). Called by drive/loop/pool.py `run_tasks` before its first tasks."""
     global _FROZEN
     if not _FROZEN:
         _FROZEN = True

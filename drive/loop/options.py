@@ -31,7 +31,7 @@ SHIPPED_CONTROLLER = REPO / "checkpoints" / "carracing_nsac.pt"
 # --help shows the shipped file as the repository names it, not as this machine's absolute path
 SHIPPED_HINT = tyro.conf.arg(help_behavior_hint="(default: checkpoints/carracing_nsac.pt, the shipped NSAC)")
 DEFAULT_CODING = "full"  # datasets.frames.DEFAULT_CODING: that module loads torch
-DEFAULT_SERVER = "threading"  # sim_bridges.udacity_server.DEFAULT_SERVER: that module loads socket.io and OpenCV
+DEFAULT_SERVER = "threading"  # sim_bridges.udacity.server.DEFAULT_SERVER: that module loads socket.io and OpenCV
 
 
 @dataclass(frozen=True)

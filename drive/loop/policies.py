@@ -31,7 +31,7 @@ from drive.loop import lanes
 from drive.loop.fallback import FallbackGate
 from drive.loop.rollout import GateStep, Internals, PolicyOutput, StepPrediction, clip_action
 from drive.metrics import gaussian_nll_elementwise
-from sim_bridges.carracing import ACTION_HIGH, ACTION_LOW
+from sim_bridges.carracing.bridge import ACTION_HIGH, ACTION_LOW
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ class Expert(Protocol):
 # -- experts -----------------------------------------------------------------------------------------------------------
 def pursuit_expert(**overrides: Any) -> Expert:
     from agents.experts.pursuit import PurePursuit, PursuitConfig
-    from sim_bridges.carracing import LOOKAHEAD_M, STATE_NAMES
+    from sim_bridges.carracing.bridge import LOOKAHEAD_M, STATE_NAMES
 
     return PurePursuit(PursuitConfig(state_names=STATE_NAMES, lookahead_m=LOOKAHEAD_M, **overrides))
 
@@ -47,7 +47,7 @@ def pursuit_expert(**overrides: Any) -> Expert:
 def load_ppo(path: str | Path) -> Expert:
     """Rebuild the PPO expert from one of our checkpoints; errors name the file and what does not match."""
     from agents.experts.ppo import PPOExpert, PPOPolicy, PPOPolicyConfig
-    from sim_bridges.carracing import STATE_NAMES
+    from sim_bridges.carracing.bridge import STATE_NAMES
 
     payload = checkpoint.read(path, kind="expert")
     if payload.get("name") != "ppo":
@@ -57,7 +57,7 @@ def load_ppo(path: str | Path) -> Expert:
     if names != STATE_NAMES:
         raise checkpoint.CheckpointError(
             f"{path}: trained on a state layout of {len(names)} features that differs from the bridge's "
-            f"{len(STATE_NAMES)} (sim_bridges.carracing.STATE_NAMES); retrain with `drive expert train`"
+            f"{len(STATE_NAMES)} (sim_bridges.carracing.bridge.STATE_NAMES); retrain with `drive expert train`"
         )
     try:
         policy = PPOPolicy(PPOPolicyConfig.from_dict(cfg_dict))

@@ -28,7 +28,7 @@ from drive.checkpoint import CheckpointError, load_controller
 from drive.errors import UserError
 from drive.loop.options import SpeedConfig
 from drive.loop.rollout import PolicyOutput, RoadStep, SpeedStep, StepPrediction
-from sim_bridges.udacity_transport import SERVERS, TransportError, import_eventlet
+from sim_bridges.udacity.transport import SERVERS, TransportError, import_eventlet
 
 log = logging.getLogger(__name__)
 

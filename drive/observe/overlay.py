@@ -24,7 +24,7 @@ import numpy as np
 
 from drive.loop.rollout import StepRecord
 from drive.observe import FRAME_SIZE
-from sim_bridges.carracing import ACTION_NAMES as ACTIONS
+from sim_bridges.carracing.bridge import ACTION_NAMES as ACTIONS
 
 PANEL_WIDTH = 300
 # variance bars: log10 axis from 1e-8 (below: empty bar) to 1 (steering/gas/brake live in [-1, 1] / [0, 1])

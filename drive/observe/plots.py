@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from drive.observe.trace import portable_spec, read_trace
-from sim_bridges.carracing import ACTION_HIGH, ACTION_LOW, ACTION_NAMES
+from sim_bridges.carracing.bridge import ACTION_HIGH, ACTION_LOW, ACTION_NAMES
 
 MAP_PANELS = (("phi", "phi (long-term mean)"), ("kappa", "kappa (reversion rate)"), ("psi", "psi (noise)"),
               ("mu", "attention logit mean"), ("epistemic_var_steer", "epistemic var (steer)"))  # fmt: skip

@@ -14,7 +14,7 @@ import numpy as np
 from drive.loop.rollout import Internals, StepRecord
 from drive.observe.plots import plot_trace
 from drive.observe.trace import portable_spec, write_trace
-from sim_bridges.carracing import ACTION_NAMES
+from sim_bridges.carracing.bridge import ACTION_NAMES
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
-"""studies — benchmark grids beside drive/learn.
+"""Studies: one folder per benchmark study, each a grid of runs turned into a table a reader can rerun.
 
-A study drives or scores many runs and turns them into a table a reader can rerun: the misbehaviour-prediction
-protocol of the field (`protocol`: thresholds fitted on nominal runs, windows at a time to misbehaviour, precision /
-recall / FPR / F1 / F3 with bootstrap intervals over episodes). Its modules take plain numpy arrays and know nothing
-of torch, of the simulator or of training; the commands feed them what the closed loop recorded.
+misbehaviour/ (prediction and prevention on the field's protocol), closedloop/ (`drive bench closedloop`: the loop's
+speed against the env's), controllers/ (`drive bench controllers`), offline/ (`drive bench offline` and its report),
+ood/ (`drive ood`), generalisation/ (CarRacingExtension's suite), attention/ (`drive bench attention`), scale/
+(`drive bench scale`); over_seeds.py holds the statistics over training seeds that several share. Only commands
+import a study (tests/test_layout.py); a study imports the loop, learn, observe and the shared bottom.
 """

@@ -15,7 +15,7 @@ from drive import checkpoint
 from drive.learn.ppo_expert import held_out_returns as episode_returns
 from drive.learn.ppo_expert import return_stats as summarise
 from drive.loop.specs import SHIPPED, load_expert
-from sim_bridges.carracing import IDX, LOOKAHEAD_M, STATE_DIM, STATE_NAMES, make_carracing
+from sim_bridges.carracing.bridge import IDX, LOOKAHEAD_M, STATE_DIM, STATE_NAMES, make_carracing
 
 
 def _straight_state(y_ahead: float, speed: float = 20.0) -> np.ndarray:
@@ -312,7 +312,7 @@ def test_training_shaping_charges_wheels_off_road_and_ends_long_excursions():
 
 def test_training_start_perturbation_covers_any_heading_on_the_road():
     from drive.learn.ppo_envs import TrainShaping
-    from sim_bridges.carracing import TRACK_HALF_WIDTH
+    from sim_bridges.carracing.bridge import TRACK_HALF_WIDTH
 
     env = TrainShaping(make_carracing(mode="state"), patience=60, penalty=20.0, perturb_prob=1.0)
     headings = []

@@ -105,7 +105,7 @@ def run(cfg: Config) -> int:
     import torch
     from rich.console import Console
 
-    from drive.learn.attention_cost import measure
+    from drive.studies.attention.cost import measure
 
     torch.set_num_threads(cfg.threads)
     console = Console()

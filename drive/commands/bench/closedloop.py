@@ -7,7 +7,7 @@
 Rows: gymnasium's stock CarRacing-v3 (pygame renderer), our pixel env (`make_carracing`, fast renderer) and EnvPool's
 CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so it may live in another venv, and
 skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
-expert's laps replayed open loop (drive/studies/closedloop_envs.py says why both), in `--rounds` rounds that
+expert's laps replayed open loop (drive/studies/closedloop/envs.py says why both), in `--rounds` rounds that
 alternate their order; then `drive collect --envs 0` (one car per process) on 1 worker, in `--rounds` rounds
 alternating with `--envs 4` (`--collect-envs`), and on 2 workers; `drive eval` of a trained controller with K = 1, 4,
 16, 32, 64 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as
@@ -16,10 +16,10 @@ pygame's font, checkpoints), which short timed rows would otherwise charge to th
 times its step loop only). Collect and eval rates then count the whole run (pool workers' start-up, policy
 building, shards written) over all its steps; eval without failure prediction, whose nominal calibration laps would
 cost CPU the rate does not count (`failure_horizon=0`). Last, one controller call of the best K is timed back to back
-and between env steps (drive/studies/controller_calls.py): what the eval rows pay per call beyond the network's own
-cost; then collect and eval run once more with timers around their stages (drive/studies/loop_stages.py): where a
-step goes, and what the 0.9x and 0.8x targets leave a step beside the env's own time. `--stages-only` runs that last
-part alone (eval at the largest `--envs`), about a minute.
+and between env steps (drive/studies/closedloop/controller_calls.py): what the eval rows pay per call beyond the
+network's own cost; then collect and eval run once more with timers around their stages
+(drive/studies/closedloop/stages.py): where a step goes, and what the 0.9x and 0.8x targets leave a step beside the
+env's own time. `--stages-only` runs that last part alone (eval at the largest `--envs`), about a minute.
 
 Per-core rates are steps over the CPU time of this process and its workers (the EnvPool subprocess measures its own,
 threads included): what a step costs, whatever else runs. Wall-clock rates are printed beside them and the 2-worker
@@ -32,7 +32,7 @@ ceilings follow the ratios: the laps' rate over random actions' in our env (no l
 it against random actions) and eval's rate were only the env step and the controller call's back-to-back share
 spent. Beside each per-core ratio the range it spans round by round (`round_ranges`): where that range straddles a
 target, the machine's drift decided the verdict, which then reads "met, within noise" or "MISSED, within noise"
-(`verdict`; also in the JSON); both, with the ratios, ceilings and targets, in drive/studies/closedloop_ratios.py.
+(`verdict`; also in the JSON); both, with the ratios, ceilings and targets, in drive/studies/closedloop/ratios.py.
 A benchmark.
 """
 
@@ -51,9 +51,9 @@ from datasets.root import portable
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER, SHIPPED_HINT
 from drive.options import NonNegativeInt, PositiveInt
-from drive.studies.closedloop_envs import Row, bare_env, measure_envs, warm_up
-from drive.studies.closedloop_loops import collect2_row, collect_rows, eval_row, warm_up_loops
-from drive.studies.closedloop_ratios import (
+from drive.studies.closedloop.envs import Row, bare_env, measure_envs, warm_up
+from drive.studies.closedloop.loops import collect2_row, collect_rows, eval_row, warm_up_loops
+from drive.studies.closedloop.ratios import (
     TARGETS,
     beside_rate,
     best_eval,
@@ -62,7 +62,7 @@ from drive.studies.closedloop_ratios import (
     round_ranges,
     verdict,
 )
-from drive.studies.loop_stages import timed_stages
+from drive.studies.closedloop.stages import timed_stages
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,8 @@ class Config:
 
 def controller_calls(cfg: Config, k: int | None, console: Any) -> dict[str, float] | str:
     """CPU ms of one eval controller call for the best K, back to back and between env steps
-    (drive/studies/controller_calls.py): why eval stays below the bare env even with many cars per call."""
-    from drive.studies.controller_calls import call_costs
+    (drive/studies/closedloop/controller_calls.py): why eval stays below the bare env even with many cars per call."""
+    from drive.studies.closedloop.controller_calls import call_costs
 
     if k is None or cfg.controller_calls == 0:
         return "not measured: no eval row, or --controller-calls 0"
@@ -123,7 +123,7 @@ def controller_calls(cfg: Config, k: int | None, console: Any) -> dict[str, floa
         ms = call_costs(str(cfg.ckpt), k, cfg.samples, cfg.first_seed, cfg.controller_calls)
     console.print(f"one controller call, K={k} cars, S={cfg.samples} (CPU ms): back to back {ms['back_to_back']:.2f}, "
                   f"after {k} frame-less env steps {ms['after_state_steps']:.2f}, after {k} pixel env steps "
-                  f"{ms['after_pixel_steps']:.2f} (drive/studies/controller_calls.py says why)")  # fmt: skip
+                  f"{ms['after_pixel_steps']:.2f} (drive/studies/closedloop/controller_calls.py says why)")  # fmt: skip
     return ms
 
 
@@ -154,7 +154,7 @@ def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | N
 
 
 def print_ceilings(console: Any, ratios: dict[str, float | None], ceiling: float | None, best: int | None) -> None:
-    """The two ceilings under the targets (drive/studies/closedloop_ratios.py): the laps' frames against random ones,
+    """The two ceilings under the targets (drive/studies/closedloop/ratios.py): the laps' frames against random ones,
     and eval with nothing but the env step and the network's back-to-back call."""
     laps = ratios.get("renderer_driving_over_renderer")
     if laps is not None:

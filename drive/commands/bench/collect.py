@@ -74,7 +74,7 @@ def stock_loop(n_steps: int, first_seed: int) -> tuple[int, float]:
 
 def fast_loop(n_steps: int, expert: str | None, max_episode_steps: int, first_seed: int) -> tuple[int, float]:
     from drive.loop.specs import expert_policy
-    from sim_bridges.carracing import make_carracing
+    from sim_bridges.carracing.bridge import make_carracing
 
     env = make_carracing(mode="pixels", fast_render=True, max_episode_steps=max_episode_steps)
     try:

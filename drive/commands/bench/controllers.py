@@ -7,7 +7,7 @@
 Trains every row on --data with the same --epochs and --set (one `drive train` command per run, recorded in
 results.md), drives each best.pt on --eval-seeds clean and under every --shifts condition, scores OOD detection on
 the --ood families per seed, and reports every figure as mean ± 95 % interval over the seeds with Welch's test
-against --reference (drive/studies/controllers.py). Rerunning resumes; cells are locked, so two processes running
+against --reference (drive/studies/controllers/grid.py). Rerunning resumes; cells are locked, so two processes running
 the same command split it. Writes OUT/results.json, OUT/results.md and OUT/returns.png.
 """
 
@@ -65,10 +65,10 @@ class Config:
 
 
 def run(cfg: Config) -> int:
-    from drive.learn import offline  # torch and the simulator: not for `--help`
-    from drive.loop.shifts import parse_shift
-    from drive.studies import controllers as study_mod
-    from drive.studies.controllers_text import write_report
+    from drive.perturb.registry import parse_shift
+    from drive.studies.controllers import grid as study_mod
+    from drive.studies.controllers.text import write_report
+    from drive.studies.offline import grid as offline  # torch and the simulator: not for `--help`
 
     if not cfg.report_only and not (cfg.data / "manifest.json").is_file():
         raise UserError(f"--data {cfg.data}: not a dataset (no manifest.json; record one with drive collect)")

@@ -1,5 +1,6 @@
 """`drive bench generalisation`: every controller on CarRacingExtension's variants (Color, Color3, Bar, Blob, Noise;
-Video with `--video DIR`), ungated and gated, beside the suite's published agents (drive/studies/generalisation.py).
+Video with `--video DIR`), ungated and gated, beside the suite's published agents
+(drive/studies/generalisation/suite.py).
 
     drive bench generalisation --ckpt checkpoints/carracing_nsac.pt --out runs/gen --seeds 1000-1099 --workers 2
 
@@ -54,8 +55,8 @@ class Config:
 def run(cfg: Config) -> int:
     from drive.loop.fallback import parse_fallback
     from drive.loop.seeds import parse_seeds
-    from drive.loop.shifts import parse_shift  # the simulator and torch: not for `--help`
-    from drive.studies import generalisation
+    from drive.perturb.registry import parse_shift  # the simulator and torch: not for `--help`
+    from drive.studies.generalisation import suite as generalisation
 
     if not cfg.ckpt:
         raise UserError("give at least one --ckpt")

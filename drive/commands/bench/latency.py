@@ -52,7 +52,7 @@ class Config:
 def _observations(n: int) -> list[np.ndarray]:
     """n raw (96, 96, 3) frames from a short pursuit drive in the pixel env."""
     from drive.loop.specs import load_expert  # torch and the simulator, in each function: not for `--help`
-    from sim_bridges.carracing import make_carracing
+    from sim_bridges.carracing.bridge import make_carracing
 
     env = make_carracing(max_episode_steps=n + 1)
     expert = load_expert("pursuit")

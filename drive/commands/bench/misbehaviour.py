@@ -8,15 +8,15 @@ Per controller: nominal runs on --nominal-seeds (the false-positive windows and 
 threshold the protocol fits at --level. Monitors: the controller's own uncertainty signals, SelfOracle (with
 --selforacle) and ThirdEye (Grad-CAM of the controller). Scored per monitor x confidence level x TTM in {1, 2, 3} s
 (precision, recall, FPR, F1, F3, AUROC, AUPRC, lead time, 95 % bootstrap intervals over episodes;
-drive/studies/protocol.py: by default windows scored alike on both sides, the first second of every run unscored,
-thresholds fitted on one half of the nominal runs and counted on the other; `--protocol field` scores by the field's
-own rules, and the default run shows their F3 and AUROC beside ours), held-out families apart from NSAC's surrogate
-families. Writes DIR/cells/ (one file
+drive/studies/misbehaviour/protocol.py: by default windows scored alike on both sides, the first second of every run
+unscored, thresholds fitted on one half of the nominal runs and counted on the other; `--protocol field` scores by the
+field's own rules, and the default run shows their F3 and AUROC beside ours), held-out families apart from NSAC's
+surrogate families. Writes DIR/cells/ (one file
 per finished cell: a rerun resumes), DIR/results.json, DIR/results.md and DIR/seeds.png (checkpoints that differ only
 in a seed<N> folder: one controller over training seeds, mean ± t-interval) or DIR/f3.png. `--ray` runs the episodes
 on a Ray cluster; the run's CPU time is in results.json. `--report-only` rebuilds the report from the finished cells.
 Every run writes DIR/records/<controller>.parquet (one row per step: labels and every monitor's score;
-drive/studies/misbehaviour_records.py); `--from-records DIR` scores such records without driving (no prevention),
+drive/studies/misbehaviour/records.py); `--from-records DIR` scores such records without driving (no prevention),
 and `--monitor module:function` adds your per-step score of an episode's record as a monitor, live or from records.
 """
 
@@ -100,10 +100,10 @@ class Config:
 def run(cfg: Config) -> int:
     from drive.loop.pool import check_ray
     from drive.loop.seeds import parse_seeds
-    from drive.loop.shifts import parse_shift  # the simulator, OpenCV and torch: not for `--help`
-    from drive.studies.misbehaviour import Plan, RunSettings, run_plan, score_records
-    from drive.studies.misbehaviour_records import load_monitors
-    from drive.studies.misbehaviour_text import headline, write_report
+    from drive.perturb.registry import parse_shift  # the simulator, OpenCV and torch: not for `--help`
+    from drive.studies.misbehaviour.grid import Plan, RunSettings, run_plan, score_records
+    from drive.studies.misbehaviour.records import load_monitors
+    from drive.studies.misbehaviour.text import headline, write_report
 
     if not cfg.ckpt:
         raise UserError("give at least one --ckpt")
@@ -139,7 +139,7 @@ def run(cfg: Config) -> int:
 
 
 def _from_records(cfg: Config, plan: Any, score_records: Any) -> int:
-    from drive.studies.misbehaviour_text import headline, write_report
+    from drive.studies.misbehaviour.text import headline, write_report
 
     start, cpu0 = time.perf_counter(), _cpu_s()
     results = score_records(cfg.from_records, plan)

@@ -6,7 +6,7 @@
     drive bench offline --task spiral --out runs/bench-spiral            # NSAC with and without its regulariser
     drive bench offline --task uci --protocol gal --seeds 20 --datasets ... --out DIR     # the full Gal protocol
 
-Interface (for every task in drive/learn/tasks, see drive/learn/offline.py for what a task module contributes):
+Interface (for every task in drive/learn/tasks, see drive/studies/offline/grid.py for what a task module contributes):
 - `--task T` picks the task; `--protocol P` and `--datasets D ...` its Options fields `protocol` / `dataset`
   (default: the task's defaults); `--controllers all` (default) is the task's CONTROLLERS, or name controllers
   (agents/registry.py) and task VARIANTS; `--seeds N` runs seeds 0..N-1 (default: the task's DEFAULT_SEEDS for the
@@ -65,8 +65,11 @@ class Config:
 
 
 def run(cfg: Config) -> int:
-    from drive.learn import offline, offline_results  # torch: imported when the command runs, not for `--help`
-    from drive.observe.report import write_report
+    from drive.studies.offline import grid as offline
+    from drive.studies.offline import (
+        results as offline_results,  # torch: imported when the command runs, not for `--help`
+    )
+    from drive.studies.offline.report import write_report
 
     grid = offline.make_grid(cfg.task, protocol=cfg.protocol, datasets=cfg.datasets, controllers=cfg.controllers,
                              seeds=cfg.seeds, out=cfg.out, data=cfg.data, epochs=cfg.epochs, overrides=cfg.set,

@@ -39,11 +39,11 @@ def _actions(n: int, seed: int) -> list[np.ndarray]:
 
 
 def first_frame_seconds(seed: int) -> float:
-    """Wall time of the first fast frame in this process: numba compiling `sim_bridges.raster`/`shrink`, or
+    """Wall time of the first fast frame in this process: numba compiling `sim_bridges.carracing.raster`/`shrink`, or
     loading them from numba's on-disk cache (`cache=True`) when an earlier process compiled them."""
     from gymnasium.envs.box2d.car_racing import CarRacing
 
-    from sim_bridges.fast_render import render_state_pixels
+    from sim_bridges.carracing.fast_render import render_state_pixels
 
     env = CarRacing()
     env.reset(seed=seed)
@@ -55,7 +55,7 @@ def first_frame_seconds(seed: int) -> float:
 def frame_times(n_steps: int, seed: int) -> tuple[list[float], list[float]]:
     from gymnasium.envs.box2d.car_racing import CarRacing  # Box2D and pygame: not for `--help`
 
-    from sim_bridges.fast_render import render_state_pixels
+    from sim_bridges.carracing.fast_render import render_state_pixels
 
     """CPU seconds per frame, stock and fast, each measured on the same state after every step."""
     env = CarRacing()
@@ -81,7 +81,7 @@ def frame_times(n_steps: int, seed: int) -> tuple[list[float], list[float]]:
 def steps_per_second(n_steps: int, seed: int, mode: str) -> float:
     from gymnasium.envs.box2d.car_racing import CarRacing
 
-    from sim_bridges.fast_render import render_state_pixels
+    from sim_bridges.carracing.fast_render import render_state_pixels
 
     env = CarRacing()
     if mode == "fast":
@@ -98,26 +98,26 @@ def steps_per_second(n_steps: int, seed: int, mode: str) -> float:
 
 # (depth, label, module, attribute): the stages `breakdown` times, in the order a step runs them
 STAGES = (
-    (0, "env step (drive/CarRacing-v0)", "sim_bridges.carracing", "CarRacingBridge.step"),
+    (0, "env step (drive/CarRacing-v0)", "sim_bridges.carracing.bridge", "CarRacingBridge.step"),
     (1, "gymnasium step: physics, reward, frame", "gymnasium.envs.box2d.car_racing", "CarRacing.step"),
     (2, "car dynamics (Python)", "gymnasium.envs.box2d.car_dynamics", "Car.step"),
-    (2, "frame (render_state_pixels)", "sim_bridges.fast_render", "render_state_pixels"),
-    (3, "culling and view maths", "sim_bridges.view", "visible_polygons"),
-    (3, "world: fills and anti-aliased edges", "sim_bridges.raster", "draw_world"),
-    (3, "car: vertices", "sim_bridges.view", "car_screen"),
-    (3, "car: fills", "sim_bridges.raster_car", "draw_car"),
-    (3, "X shrink, world and bar rows", "sim_bridges.shrink", "shrink_rows"),
-    (3, "bar and score (their X shrink also above)", "sim_bridges.indicators", "shrink_bar"),
-    (3, "Y shrink", "sim_bridges.shrink", "shrink_columns"),
-    (1, "privileged state", "sim_bridges.carracing", "CarRacingBridge.privileged_state"),
+    (2, "frame (render_state_pixels)", "sim_bridges.carracing.fast_render", "render_state_pixels"),
+    (3, "culling and view maths", "sim_bridges.carracing.view", "visible_polygons"),
+    (3, "world: fills and anti-aliased edges", "sim_bridges.carracing.raster", "draw_world"),
+    (3, "car: vertices", "sim_bridges.carracing.view", "car_screen"),
+    (3, "car: fills", "sim_bridges.carracing.raster_car", "draw_car"),
+    (3, "X shrink, world and bar rows", "sim_bridges.carracing.shrink", "shrink_rows"),
+    (3, "bar and score (their X shrink also above)", "sim_bridges.carracing.indicators", "shrink_bar"),
+    (3, "Y shrink", "sim_bridges.carracing.shrink", "shrink_columns"),
+    (1, "privileged state", "sim_bridges.carracing.bridge", "CarRacingBridge.privileged_state"),
 )
 
 
 def breakdown(n_steps: int, seed: int) -> list[tuple[int, str, float]]:
     """Mean wall microseconds per env step of each stage in `STAGES` while the PPO expert drives."""
     from drive.loop.specs import load_expert
-    from drive.studies.stage_timers import stage_timers
-    from sim_bridges.carracing import make_carracing
+    from drive.studies.closedloop.stage_timers import stage_timers
+    from sim_bridges.carracing.bridge import make_carracing
 
     expert = load_expert("ppo")
     with stage_timers(STAGES) as spent:  # before the env is made: it keeps a reference to the frame function

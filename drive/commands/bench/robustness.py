@@ -49,7 +49,7 @@ class Config:
 
 def points(sweep: tuple[str, ...]) -> list[tuple[str, float, str]]:
     """[(kind, level, perturbation spec or '' for clean)] with level 0 (clean) first for every kind."""
-    from datasets.perturb import WORLD_KINDS, parse_perturbation  # OpenCV: not for `--help`
+    from drive.perturb.camera import WORLD_KINDS, parse_perturbation  # OpenCV: not for `--help`
 
     out: list[tuple[str, float, str]] = []
     for item in sweep:

@@ -9,7 +9,7 @@ trip) and with the simulator's two chains (each frame may also wait behind the o
 controller alone (preprocess + predict, in-process) is timed too. Target: single-chain p95 < 30 ms with S = 16.
 Default controller: the shipped checkpoints/udacity_nsac.pt; `--checkpoint ''` measures an untrained NSAC from
 agents.registry with the nvidia encoder (its latency is that of a trained one).
-`--server threading|eventlet|both` (default both): the bridge's two servers (sim_bridges/udacity_transport.py), run
+`--server threading|eventlet|both` (default both): the bridge's two servers (sim_bridges/udacity/transport.py), run
 one after the other on the same frames, with their ratio; the faster one at p95 is the bridge's default.
 """
 
@@ -87,7 +87,7 @@ def _pct(ms: list[float]) -> dict[str, float]:
 
 
 def _round_trips(cfg: Config, policy, data: Path, single_chain: bool, server: str) -> dict:
-    from sim_bridges.udacity import UdacityEnv
+    from sim_bridges.udacity.bridge import UdacityEnv
 
     env = UdacityEnv(port=0, timeout_s=3.0, connect_timeout_s=30.0, kind=server)
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,9 +151,9 @@ def run(cfg: Config) -> int:
     from rich.console import Console
 
     from drive.loop.udacity import SpeedController, SteeringPolicy
-    from sim_bridges.udacity_protocol import decode_jpeg
-    from sim_bridges.udacity_sources import read_driving_log
-    from sim_bridges.udacity_transport import TransportError, import_eventlet
+    from sim_bridges.udacity.protocol import decode_jpeg
+    from sim_bridges.udacity.sources import read_driving_log
+    from sim_bridges.udacity.transport import TransportError, import_eventlet
 
     torch.set_num_threads(cfg.threads)
     data = _data_dir(cfg)

@@ -56,7 +56,7 @@ def run(cfg: Config) -> int:
     from drive.loop.rollout import rollout
     from drive.loop.udacity import checked_server, make_policy
     from drive.observe.udacity import Overlay, StepLog, StopDriving
-    from sim_bridges.udacity import UdacityEnv
+    from sim_bridges.udacity.bridge import UdacityEnv
 
     tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     torch.set_num_threads(cfg.threads)

@@ -49,7 +49,7 @@ def run(cfg: Config) -> int:
 
     from drive.loop.udacity import checked_server, make_policy
     from drive.observe.driving_log import DrivingLogWriter
-    from sim_bridges.udacity import UdacityServer
+    from sim_bridges.udacity.bridge import UdacityServer
 
     tqdm.monitor_interval = 0  # no monitor thread: the loop updates its bar itself
     policy = None

@@ -1,5 +1,5 @@
 """`drive udacity standin --replay DIR | --carracing SEED`: the byte-faithful stand-in of the Udacity simulator's
-client (sim_bridges/udacity_standin.py) against a running `drive udacity drive` or `drive udacity record` — a real
+client (sim_bridges/udacity/standin.py) against a running `drive udacity drive` or `drive udacity record` — a real
 recording replayed in a loop, or a closed loop over CarRacing — for trying the bridge without Unity."""
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class Config:
 
 
 def run(cfg: Config) -> int:
-    from sim_bridges.udacity_sources import CarRacingSource, ReplaySource  # OpenCV, socket.io: not for `--help`
-    from sim_bridges.udacity_standin import StandIn, StandInConfig
+    from sim_bridges.udacity.sources import CarRacingSource, ReplaySource  # OpenCV, socket.io: not for `--help`
+    from sim_bridges.udacity.standin import StandIn, StandInConfig
 
     if (cfg.replay is None) == (cfg.carracing is None):
         raise UserError("give exactly one of --replay DIR and --carracing SEED")

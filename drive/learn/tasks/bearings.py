@@ -77,7 +77,7 @@ SCALINGS = ("train", "per_bearing")
 OTHER = {"train": "per_bearing", "per_bearing": "train"}
 # The paper's numbers (NSAC paper, bearing experiment, from its text: it prints no table for it). They were made
 # with Time among the inputs and per-bearing test scaling (the authors' rul_test.py), so they sit beside our
-# "BEARING@per_bearing" tables; table keys as drive/learn/offline.py names them.
+# "BEARING@per_bearing" tables; table keys as drive/studies/offline/grid.py names them.
 PAPER = {
     "time": {
         "bearings/xjtu/Bearing1_1@per_bearing": {

@@ -51,7 +51,7 @@ from datasets.regenerate import require_episodes
 from drive import metrics
 from drive.errors import UserError
 from drive.learn.tasks import TaskData
-from sim_bridges.carracing import ACTION_NAMES
+from sim_bridges.carracing.bridge import ACTION_NAMES
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pytest
 
 from drive.cli import main
 from drive.commands.bench import closedloop
-from drive.studies import closedloop_envs
+from drive.studies.closedloop import envs as closedloop_envs
 
 ROWS = ("stock", "renderer", "envpool", "stock_driving", "renderer_driving", "envpool_driving", "state_driving",
         "collect1", "collect1_k4", "collect2", "eval_k1", "eval_k2", "eval2")  # fmt: skip
@@ -132,7 +132,7 @@ def test_envpool_row_runs_in_the_given_python_and_reports_its_own_cpu(tmp_path, 
 def test_the_experts_laps_replay_the_same_in_stock_gymnasium_and_our_env():
     import gymnasium as gym
 
-    from sim_bridges.carracing import make_carracing
+    from sim_bridges.carracing.bridge import make_carracing
 
     episodes = closedloop_envs.expert_episodes("ppo", 90, 5000, 60)  # a full episode of 60 steps, then 30
     assert [(seed, len(actions)) for seed, actions in episodes] == [(5000, 60), (5001, 30)]
@@ -163,7 +163,7 @@ def test_a_collect_row_of_zero_cars_is_refused_in_one_line(capsys):
 def test_round_ranges_bracket_each_ratio_and_pair_env_rows_by_round():
     """Env rows pair round by round, a collect or eval row meets each round of its env row; the ratio of the sums
     lies in the range; a skipped row gives no range."""
-    from drive.studies.closedloop_envs import Row
+    from drive.studies.closedloop.envs import Row
 
     def env(label: str, cpu: list[float]) -> Row:  # 100 steps per round
         return Row(
@@ -188,7 +188,7 @@ def test_round_ranges_bracket_each_ratio_and_pair_env_rows_by_round():
 def test_loop_ratios_divide_by_our_env_measured_beside_them():
     """A loop row with `beside` measurements is divided by them (summed), its rounds paired with theirs; without,
     by the env row; the network ceiling is env / (env + call / K) on the laps beside the best eval row."""
-    from drive.studies.closedloop_envs import Row
+    from drive.studies.closedloop.envs import Row
 
     def env(label: str, cpu: list[float]) -> Row:  # 100 steps per round
         return Row(

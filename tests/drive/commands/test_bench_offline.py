@@ -13,8 +13,8 @@ import pytest
 
 from drive.cli import main
 from drive.errors import UserError
-from drive.learn import offline
-from drive.observe import report_plots
+from drive.studies.offline import grid as offline
+from drive.studies.offline import plots as report_plots
 
 SETS = ("task.dataset=yacht", "encoder.d_model=8", "trainer.tensorboard=0")
 
@@ -88,7 +88,7 @@ def test_tiny_grid_tables_plots_and_resume(shared_data, tmp_path):
 
 
 def test_a_row_of_mixed_agents_versions_names_the_files_that_differ():
-    from drive.learn.offline_results import _versions_note
+    from drive.studies.offline.results import _versions_note
 
     now = {"agents_sha": offline.AGENTS_SHA, "agents_files": offline.AGENTS_FILES}
     assert "agents/ft_transformer.py" in offline.AGENTS_FILES and _versions_note("ft", [now, dict(now)]) is None

@@ -8,7 +8,7 @@ from drive.commands.bench import render
 
 
 def test_breakdown_times_every_stage_within_its_parent_and_unpatches():
-    from sim_bridges import raster, shrink
+    from sim_bridges.carracing import raster, shrink
 
     kernels = (raster.draw_world, shrink.shrink_rows)
     stages = render.breakdown(12, 5000)

@@ -43,7 +43,7 @@ def test_sa_calibrate_names_the_regeneration_too(tmp_path, capsys, monkeypatch):
 
 def test_every_checkpoint_keeps_its_own_row_when_controllers_share_a_name():
     """Three NSAC variants of one seed differ only two folders up: each gets its own row, none overwrites another."""
-    from drive.studies.ood import _unique
+    from drive.studies.ood.study import _unique
 
     taken: dict[str, int] = {}
     for path in ["b/nsac/seed2/best.pt", "b/nsac-fit/seed2/best.pt", "b/nsac-fit-0.3/seed2/best.pt", "best.pt"]:

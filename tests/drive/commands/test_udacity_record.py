@@ -16,12 +16,12 @@ import pytest
 
 from drive.commands.udacity.record import Config, run
 from drive.observe.driving_log import DrivingLogWriter
-from sim_bridges.udacity_protocol import MAX_STEER_DEG
-from sim_bridges.udacity_sources import ReplaySource
-from sim_bridges.udacity_standin import StandIn, StandInConfig
+from sim_bridges.udacity.protocol import MAX_STEER_DEG
+from sim_bridges.udacity.sources import ReplaySource
+from sim_bridges.udacity.standin import StandIn, StandInConfig
 from tests.conftest import REPO
-from tests.sim_bridges.test_udacity_bridge import no_leaked_threads, real_log
-from tests.sim_bridges.test_udacity_standin import free_port
+from tests.sim_bridges.udacity.test_bridge import no_leaked_threads, real_log
+from tests.sim_bridges.udacity.test_standin import free_port
 
 __all__ = ["no_leaked_threads", "real_log"]
 ROW = re.compile(r"^(/\S+\.jpg), , , (-?[\d.E-]+), ([\d.E-]+), ([\d.E-]+), ([\d.E-]+)$")

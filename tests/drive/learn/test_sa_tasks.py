@@ -14,8 +14,9 @@ import torch
 
 from drive.cli import main
 from drive.errors import UserError
-from drive.learn import offline, sa_study, sa_summary
+from drive.learn import sa_study, sa_summary
 from drive.learn.tasks import sa_forecast, sa_uci
+from drive.studies.offline import grid as offline
 from tests.agents.test_timesfm import TINY, tiny
 from tests.conftest import REPO
 

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from datasets.perturb import FramePerturber, Perturbation, domain_colours, parse_perturbation, parse_perturbations
 from drive.errors import UserError
 from drive.loop.failures import SIGNALS, FailureMonitor, _lead_times, failure_report, nominal_thresholds
 from drive.loop.fallback import FallbackConfig, FallbackGate, parse_fallback
-from drive.loop.perturb import PerturbedCamera
+from drive.perturb.camera import FramePerturber, Perturbation, domain_colours, parse_perturbation, parse_perturbations
+from drive.perturb.wrappers import PerturbedCamera
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

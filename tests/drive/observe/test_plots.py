@@ -9,7 +9,7 @@ from PIL import Image
 
 from drive.observe.plots import MAP_PANELS, _pyplot, plot_trace, trace_figures
 from drive.observe.trace import portable_path, portable_spec, read_trace, write_trace
-from sim_bridges.carracing import ACTION_NAMES
+from sim_bridges.carracing.bridge import ACTION_NAMES
 
 N_HEADS, T = 4, 60
 ELSEWHERE = "/opt/elsewhere/models/carracing_nsac.pt"  # an absolute path outside the working directory

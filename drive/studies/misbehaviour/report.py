@@ -1,0 +1,292 @@
+"""The misbehaviour benchmark's tables: prediction on the field's protocol per monitor, prevention and its cost.
+
+Prediction (drive/studies/misbehaviour/protocol.py): per controller and monitor, nominal-condition episodes give the
+false-positive windows and the threshold (Gamma fit at each confidence level; by default fitted on one half of them
+and counted on the other); shifted episodes give one window per misbehaviour at each TTM. Shifted conditions are
+grouped by family: `held_out` (families no method trained on: the headline), `surrogate` (the families NSAC's
+training surrogate draws from: additive pixel noise and a gain, i.e. `noise` and `brightness`; reported apart, never
+in the headline) and each family alone. Nominal-condition episodes that do misbehave stay in, their misbehaviours
+and the 3 s before each left out of the false-positive windows; they are counted. Where the protocol scored is not
+the field's (`protocol.FIELD`), each monitor's row at the plan's level and TTM under the field's rules is kept
+beside ours (`field`), so the report shows both.
+
+Prevention (cells with the fallback engaged at the nominal threshold of the controller's epistemic steering variance
+at the chosen level), per condition, paired by seed with the ungated cell: misbehaviours without and with the
+fallback and the share prevented, mean return without and with it, and the false-alarm cost: interventions per km
+and the share of steps handed over, on nominal runs and on benign shifts (episodes of shifted conditions in which the
+ungated controller drove without a misbehaviour). Distance: visited tiles x CarRacing's TRACK_DETAIL_STEP (3.5 m).
+Every figure carries a 95 % bootstrap interval over episodes.
+
+Over training seeds (`over_seeds`): checkpoints whose paths differ only in a `seed<N>` part are one controller trained
+on several seeds. Per such group and monitor, the headline figures (held-out families, the plan's level and TTM) and
+the prevention figures (held-out conditions pooled) of each seed become a mean with a 95 % Student-t interval over the
+seeds (drive/studies/over_seeds.py), and Welch's test against the first group's same figure marks the differences
+shown to be real (p < 0.05). The bootstrap intervals above are over episodes of one trained model; these are over
+the training seeds, the variation a user retraining the controller meets.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from drive import metrics
+from drive.loop.failures import SIGNALS
+from drive.studies.misbehaviour import nulls, protocol
+from drive.studies.over_seeds import interval, welch
+
+NOMINAL = "nominal"  # the clean-camera condition of every controller
+TILE_M = 21 / 6.0  # gymnasium car_racing.py TRACK_DETAIL_STEP: one road tile, in metres
+PUBLISHED = [  # the field's own figures, on the Udacity simulator: beside ours, not the same setting
+    ("SelfOracle (Stocco et al., ICSE 2020)", "predicts 77 % of misbehaviours up to 6 s ahead"),
+    ("ThirdEye (Stocco et al., ASE 2022)", "predicts 98 % of misbehaviours up to 3 s ahead"),
+    ("MC dropout / deep ensembles (Grewal, Tonella & Stocco, ICST 2024)", "F3 up to 0.94, almost no false alarms"),
+    ("DeepGuard (prevention)", "prevents up to 89 % of predicted misbehaviours"),
+]
+
+
+def family(condition: str) -> tuple[str, bool]:
+    """(the shift family of a condition spec, whether NSAC's training surrogate draws from it):
+    drive/perturb/registry.py `parse_shift` decides both (`escalate:fog:...` -> fog; a user function -> user:...)."""
+    from drive.perturb.registry import parse_shift
+
+    shift = parse_shift(condition)
+    return shift.family, shift.surrogate_family
+
+
+def scores_of(episode: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Every monitor's per-step scores of one episode: the controller's own signals, then SelfOracle / ThirdEye; an
+    episode that carries `scores` (read from records, or with user monitors: misbehaviour_records.py) gives those."""
+    if "scores" in episode:
+        return dict(episode["scores"])
+    out = {name: np.asarray(episode["signals"])[:, j] for j, name in enumerate(SIGNALS)}
+    extra = np.asarray(episode.get("monitor_scores", np.zeros((0, 0))))
+    for j, name in enumerate(episode.get("monitor_names", [])):
+        out[name] = extra[:, j]
+    return out
+
+
+def _onsets(episode: Mapping[str, Any]) -> list[int]:
+    return sorted({int(e["t"]) for e in episode.get("events", [])})
+
+
+def groups(conditions: Sequence[str], families: Mapping[str, tuple[str, bool]] | None = None) -> dict[str, list[str]]:
+    """held_out, surrogate and one group per family, each its shifted conditions; `families` ({condition: `family`})
+    where known already (records: no need to import a user's shift)."""
+    known = families or {}
+    shifted = {c: known[c] if c in known else family(c) for c in conditions if c != NOMINAL}
+    out = {"held_out": [c for c, (_, surrogate) in shifted.items() if not surrogate],
+           "surrogate": [c for c, (_, surrogate) in shifted.items() if surrogate]}  # fmt: skip
+    for c, (name, _) in shifted.items():
+        out.setdefault(f"family:{name}", []).append(c)
+    return {k: v for k, v in out.items() if v}
+
+
+def _episode(ep: Mapping[str, Any], monitor: str, nominal: bool) -> protocol.Episode:
+    return protocol.Episode(scores_of(ep)[monitor], _onsets(ep), nominal, busy=np.asarray(ep["busy"]))
+
+
+def prediction(cells: Mapping[str, Mapping[str, Any]], cfg: protocol.ProtocolConfig, levels: Sequence[float],
+               ttms: Sequence[int], n_boot: int, seed: int,
+               field_at: tuple[float, int] | None = None,
+               families: Mapping[str, tuple[str, bool]] | None = None) -> dict[str, Any]:  # fmt: skip
+    """{group: {monitor: [row dicts]}} for one controller's ungated cells ({condition: cell}); with `field_at`
+    (the headline's level, TTM): {group: {"nulls": {monitor: ...}}}, each monitor's two null controls through the
+    same pipeline at that level and TTM (drive/studies/misbehaviour/nulls.py), and, under a protocol other than the
+    field's, {group: {"field": {monitor: row dict}}}, the field's rules beside ours. `families` as `groups` takes
+    them."""
+    headline = field_at
+    nominal_eps = cells[NOMINAL]["episodes"]
+    misbehaving = sum(1 for ep in nominal_eps if _onsets(ep))
+    out: dict[str, Any] = {"nominal_episodes": len(nominal_eps), "nominal_misbehaving": misbehaving, "groups": {}}
+    monitors = list(scores_of(nominal_eps[0])) if nominal_eps else []
+    field_at = None if cfg == protocol.FIELD else field_at
+    for group, conditions in groups(list(cells), families).items():
+        shifted = [ep for c in conditions for ep in cells[c]["episodes"] if _onsets(ep)]
+        table: dict[str, Any] = {"conditions": conditions, "misbehaving_episodes": len(shifted),
+                                 "misbehaviours": sum(len(_onsets(ep)) for ep in shifted), "monitors": {}}  # fmt: skip
+        if headline is not None:
+            table["nulls"] = {}
+        if field_at is not None:
+            table["field"] = {}
+        for monitor in monitors if shifted else ():
+            episodes = [_episode(ep, monitor, True) for ep in nominal_eps]
+            episodes += [_episode(ep, monitor, False) for ep in shifted]
+            try:
+                rows = protocol.evaluate(episodes, cfg, levels, ttms, n_boot, seed)
+            except ValueError as exc:  # too few nominal windows (every nominal run misbehaves): nothing to fit on
+                table["unscored"] = str(exc)
+                break
+            table["monitors"][monitor] = [_row(r) for r in rows]
+            if headline is not None:
+                level, ttm = headline
+                table["nulls"][monitor] = _nulls(episodes, cfg, level, ttm, n_boot, seed)
+            if field_at is not None:
+                level, ttm = field_at
+                table["field"][monitor] = _row(protocol.evaluate(episodes, protocol.FIELD, [level], [ttm], n_boot,
+                                                                 seed)[0])  # fmt: skip
+        out["groups"][group] = table
+    return out
+
+
+def _nulls(episodes: Sequence[protocol.Episode], cfg: protocol.ProtocolConfig, level: float, ttm: int, n_boot: int,
+           seed: int) -> dict[str, Any]:  # fmt: skip
+    """The monitor's null controls at (level, TTM): each null's row and whether the monitor's interval clears them."""
+    controlled = nulls.with_nulls(episodes, cfg, [level], [ttm], n_boot, seed)
+    flags = controlled.clears[0]
+    return {**{name: _row(rows[0]) for name, rows in controlled.nulls.items()},
+            "clears": {"f3": bool(flags.f3), "auroc": bool(flags.auroc)}}  # fmt: skip
+
+
+def _row(row: protocol.Row) -> dict[str, Any]:
+    return {"level": row.level, "ttm": row.ttm, "value": row.value._asdict(), "low": row.low._asdict(),
+            "high": row.high._asdict(), "before_start": row.before_start, "overlap": row.overlap,
+            "merged": row.merged, "nominal_left_out": row.nominal_left_out}  # fmt: skip
+
+
+def nominal_threshold(nominal: Mapping[str, Any], level: float, cfg: protocol.ProtocolConfig,
+                      monitor: str = "epistemic_sum", seeds: Sequence[int] | None = None) -> float:  # fmt: skip
+    """The fallback's threshold: the protocol's threshold on the declared monitor over the nominal runs of `seeds`
+    (default: all), fitted on their scored windows (a misbehaving run's misbehaviours and the 3 s before each left
+    out). Under scoring `alike` a window's score is its raw per-step maximum, so a gate that fires when the per-step
+    score reaches the threshold fires in a 1 s nominal window with probability about 1 - level: its level is a
+    per-second false-alarm rate, measured on the nominal seeds not fitted on."""
+    episodes = [ep for ep in nominal["episodes"] if seeds is None or ep["seed"] in set(seeds)]
+    windows = [protocol.nominal_windows(_episode(ep, monitor, True), cfg)[0] for ep in episodes]
+    values = np.concatenate(windows) if windows else np.zeros(0)
+    if len(values) < 2:
+        bad = sum(1 for ep in episodes if _onsets(ep))
+        raise ValueError(f"too few nominal windows to fit the fallback threshold ({bad} of the {len(episodes)} "
+                         "nominal runs it is fitted on misbehave): give more --nominal-seeds")  # fmt: skip
+    return float(protocol.fit_threshold(values, [level], cfg.threshold_fit)[0])
+
+
+def _interval(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: int) -> dict[str, float]:
+    value = stat(np.arange(n))
+    if n == 0:
+        return {"value": math.nan, "low": math.nan, "high": math.nan}
+    low, high = metrics.bootstrap(lambda idx: np.array(stat(idx)), (n,), n_boot, seed)
+    return {"value": float(value), "low": float(low), "high": float(high)}
+
+
+def prevention(ungated: Mapping[str, Any], gated: Mapping[str, Any], n_boot: int, seed: int) -> dict[str, Any]:
+    """One condition's prevention figures, episodes paired by seed (see the module docstring)."""
+    plain = {ep["seed"]: ep for ep in ungated["episodes"]}
+    pairs = [(plain[ep["seed"]], ep) for ep in gated["episodes"] if ep["seed"] in plain]
+    before = np.array([len(_onsets(a)) for a, _ in pairs], float)
+    after = np.array([len(_onsets(b)) for _, b in pairs], float)
+    ret_a = np.array([a["return"] for a, _ in pairs], float)
+    ret_b = np.array([b["return"] for _, b in pairs], float)
+    km = np.array([max(b.get("tiles", 0), 1) * TILE_M / 1000 for _, b in pairs])
+    interventions = np.array([b.get("n_interventions", 0) for _, b in pairs], float)
+    handed = np.array([b.get("fallback_fraction", 0.0) for _, b in pairs], float)
+    benign = before == 0
+
+    def ratio(num: np.ndarray, den: np.ndarray) -> Callable[[np.ndarray], float]:
+        return lambda idx: float(num[idx].sum() / den[idx].sum()) if den[idx].sum() > 0 else math.nan
+
+    n = len(pairs)
+    return {
+        "episodes": n, "misbehaviours_without": int(before.sum()), "misbehaviours_with": int(after.sum()),
+        "prevented": _interval(lambda idx: 1 - ratio(after, before)(idx) if before[idx].sum() else math.nan, n,
+                               n_boot, seed),
+        "return_without": _interval(lambda idx: float(ret_a[idx].mean()), n, n_boot, seed),
+        "return_with": _interval(lambda idx: float(ret_b[idx].mean()), n, n_boot, seed),
+        "interventions_per_km": _interval(ratio(interventions, km), n, n_boot, seed),
+        "benign_episodes": int(benign.sum()),
+        "handed_over_benign": _interval(lambda idx: float(handed[idx][benign[idx]].mean())
+                                        if benign[idx].any() else math.nan, n, n_boot, seed),
+    }  # fmt: skip
+
+
+def protocol_settings(cfg: protocol.ProtocolConfig) -> dict[str, Any]:
+    nominal = "the trailing-mean score" if cfg.scoring == "field" else "the same score"
+    split = ("fitted on one half of the nominal runs, false positives counted on the other"
+             if cfg.threshold_split == "halves" else "fitted and counted on the same nominal runs")  # fmt: skip
+    return {**asdict(cfg), "window_steps": cfg.fps,
+            "windows": f"TTM s: frames [onset - TTM*fps, onset - (TTM-1)*fps); nominal: consecutive fps-frame windows "
+                       f"of {nominal}; a window's score is its {cfg.aggregate}; the first {cfg.warmup_s:g} s of every "
+                       f"run not scored; thresholds {split}"}  # fmt: skip
+
+
+SEED_PART = re.compile(r"(?<![^/])seed\d+(?![^/])")  # a whole path part: runs/de/seed2/best.pt
+PREDICTION_METRICS = ("recall", "fpr", "f3", "auroc")
+
+
+def seed_groups(controllers: Sequence[str]) -> dict[str, list[str]]:
+    """{the path with its seed part as `seed*`: the checkpoints} for the paths that differ only in that part."""
+    out: dict[str, list[str]] = {}
+    for c in controllers:
+        out.setdefault(SEED_PART.sub("seed*", c), []).append(c)
+    return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def _pooled_prevention(fallback: Mapping[str, Any], conditions: Sequence[str]) -> dict[str, float]:
+    rows = [fallback["conditions"][c] for c in conditions if c in fallback["conditions"]]
+    before, after = sum(r["misbehaviours_without"] for r in rows), sum(r["misbehaviours_with"] for r in rows)
+    benign = sum(r["benign_episodes"] for r in rows)
+    handed = sum(r["handed_over_benign"]["value"] * r["benign_episodes"] for r in rows if r["benign_episodes"])
+    nominal = fallback["conditions"].get(NOMINAL, {})
+    gains = [r["return_with"]["value"] - r["return_without"]["value"] for r in rows]
+    return {
+        "prevented": 1 - after / before if before else math.nan,
+        "return_gain": float(np.mean(gains)) if gains else math.nan,
+        "handed_over_benign": handed / benign if benign else math.nan,
+        "handed_over_nominal": nominal.get("handed_over_benign", {}).get("value", math.nan),
+        "interventions_per_km_nominal": nominal.get("interventions_per_km", {}).get("value", math.nan),
+    }
+
+
+def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
+    """{group: {"checkpoints", "misbehaviours" (per seed), "monitors": {monitor: {metric: interval}}, "prevention":
+    {metric: interval}}} for every group of `seed_groups` (see the module docstring)."""
+    plan, entries = results["plan"], results["controllers"]
+    out: dict[str, Any] = {}
+    for group, every in seed_groups(list(entries)).items():
+        members = [c for c in every if "prediction" in entries[c]]  # cells not run yet (--report-only) count not
+        if not members:
+            continue
+        values: dict[str, dict[str, list[float]]] = {}
+        prevention: dict[str, list[float]] = {}
+        misbehaviours = []
+        for c in members:
+            table = entries[c].get("prediction", {}).get("groups", {}).get("held_out", {})
+            misbehaviours.append(table.get("misbehaviours", 0))
+            for monitor, rows in table.get("monitors", {}).items():
+                row = next((r for r in rows if abs(r["level"] - plan["level"]) < 1e-12 and r["ttm"] == plan["ttm"]),
+                           None)  # fmt: skip
+                for metric in PREDICTION_METRICS if row else ():
+                    values.setdefault(monitor, {}).setdefault(metric, []).append(row["value"][metric])
+            if entries[c].get("fallback"):
+                for metric, v in _pooled_prevention(entries[c]["fallback"], table.get("conditions", [])).items():
+                    prevention.setdefault(metric, []).append(v)
+        out[group] = {"checkpoints": members, "not_run": [c for c in every if c not in members],
+                      "misbehaviours": misbehaviours,
+                      "monitors": {m: {k: interval(v) for k, v in by.items()} for m, by in values.items()},
+                      "prevention": {k: interval(v) for k, v in prevention.items()}}  # fmt: skip
+    for name, entry in out.items():  # Welch's p against every other group; the first group is the marked reference
+        figures = [(("monitors", m), by) for m, by in entry["monitors"].items()] + [
+            (("prevention",), entry["prevention"])
+        ]
+        for where, by in figures:
+            for metric, stat in by.items():
+                others = {g: figure_at(e, where).get(metric) for g, e in out.items() if g != name}
+                stat["p_vs"] = {g: welch(stat["values"], o["values"]) for g, o in others.items() if o}
+        if name != next(iter(out)):
+            for _, by in figures:
+                for stat in by.values():
+                    p = stat["p_vs"].get(next(iter(out)))
+                    stat.update(p=p, significant=p is not None and p < 0.05)
+    return out
+
+
+def figure_at(entry: Mapping[str, Any], where: tuple[str, ...]) -> dict[str, Any]:
+    """entry[where[0]][where[1]]..., {} where a key is missing: a figure of an `over_seeds` group by its path."""
+    for key in where:
+        entry = entry.get(key, {})
+    return dict(entry)

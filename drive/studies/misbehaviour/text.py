@@ -1,0 +1,285 @@
+"""The misbehaviour benchmark's report: results.json (no machine paths), results.md (tables with intervals, the
+field's published figures beside ours, labelled) and a figure: seeds.png where controllers were trained on several
+seeds (F3 per monitor and share prevented, a dot per seed), else f3.png (F3 against TTM per monitor, held-out)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from datasets.files import atomic_write
+from datasets.root import portable
+from drive.studies.misbehaviour.report import figure_at
+from drive.studies.over_seeds import cell_text
+
+
+def _ci(v: dict[str, float], key: str | None = None, fmt: str = ".2f") -> str:
+    value, low, high = (v["value"], v["low"], v["high"]) if key is None else (v["value"][key], v["low"][key],
+                                                                               v["high"][key])  # fmt: skip
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    interval = "" if math.isnan(low) or math.isnan(high) else f" [{low:{fmt}}, {high:{fmt}}]"
+    return f"{value:{fmt}}{interval}"
+
+
+GENERIC = re.compile(r"(best|last)\.pt|seed(\d+|\*)")  # names that say nothing about which controller it is
+
+
+def labels(controllers: Sequence[str]) -> dict[str, str]:
+    """{path: the shortest trailing part of it that tells the controllers apart and is more than a generic name}:
+    runs/b/gmle/seed0/best.pt -> gmle/seed0/best.pt, checkpoints/carracing_nsac.pt -> carracing_nsac.pt."""
+    parts = {c: Path(c).parts for c in controllers}
+    n = {c: 1 for c in controllers}
+    while True:
+        out = {c: "/".join(p[-n[c] :]) for c, p in parts.items()}
+        grow = [c for c in controllers if n[c] < len(parts[c]) and (GENERIC.fullmatch(parts[c][-n[c]])
+                or list(out.values()).count(out[c]) > 1)]  # fmt: skip
+        if not grow:
+            return out
+        for c in grow:
+            n[c] += 1
+
+
+def _pick(rows: list[dict[str, Any]], level: float, ttm: int) -> dict[str, Any] | None:
+    return next((r for r in rows if abs(r["level"] - level) < 1e-12 and r["ttm"] == ttm), None)
+
+
+def prediction_table(results: dict[str, Any], group: str) -> list[str]:
+    """The group's table at the plan's level and TTM: per controller and monitor the misbehaviours and, in brackets,
+    the windows scored at that TTM (the rest start too early or overlap an earlier misbehaviour); the null controls
+    beside each monitor; where the run kept the field's rules' figures beside ours (drive/studies/
+    misbehaviour_report.py `prediction`), their F3 and AUROC in two more columns."""
+    plan = results["plan"]
+    tables = [e.get("prediction", {}).get("groups", {}).get(group) or {} for e in results["controllers"].values()]
+    beside = any(t.get("field") for t in tables)
+    controls = any(t.get("nulls") for t in tables)
+    lines = ["| controller | monitor | misbehaviours (scored windows) | recall | FPR | F3 | AUROC | median lead (s) |"
+             + (" F3 / AUROC, block-permuted null | F3 / AUROC, information-free null | clears its nulls |"
+                if controls else "")
+             + (" F3, field's rules | AUROC, field's rules |" if beside else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if controls else "")
+             + ("---|---|" if beside else "")]  # fmt: skip
+    empty = (" – | – | – |" if controls else "") + (" – | – |" if beside else "")
+    name = labels(list(results["controllers"]))
+    for controller, entry in results["controllers"].items():
+        pred = entry.get("prediction", {})
+        table = pred.get("groups", {}).get(group)
+        if not table:
+            continue
+        if table["misbehaviours"] and not table.get("monitors"):  # nothing nominal to fit a threshold on
+            bad, n = pred.get("nominal_misbehaving"), pred.get("nominal_episodes")
+            why = (f"every nominal run misbehaved ({bad})" if not n or bad == n
+                   else f"too few nominal windows ({bad} of {n} nominal runs misbehave)")  # fmt: skip
+            lines.append(f"| {name[controller]} | none: {why} | {table['misbehaviours']} | – | – | – | – | – |{empty}")
+        for monitor, rows in table["monitors"].items():
+            row = _pick(rows, plan["level"], plan["ttm"])
+            if row is None:
+                continue
+            field = table.get("field", {}).get(monitor)
+            theirs = _null_cells(table.get("nulls", {}).get(monitor)) if controls else ""
+            theirs += (f" {_ci(field, 'f3')} | {_ci(field, 'auroc')} |" if field else " – | – |") if beside else ""
+            shown = f"**{monitor}** (declared)" if monitor == plan.get("gate_signal") else monitor
+            scored = round(row["value"]["tp"] + row["value"]["fn"])  # the windows scored at this TTM
+            lines.append(f"| {name[controller]} | {shown} | {table['misbehaviours']} ({scored}) | "
+                         f"{_ci(row, 'recall')} | {_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
+                         f"{_ci(row, 'median_lead_s', '.1f')} |{theirs}")  # fmt: skip
+    return lines if len(lines) > 2 else ["No misbehaviour in these families for any controller: nothing to predict."]
+
+
+def _null_cells(controls: dict[str, Any] | None) -> str:
+    """Three cells: each null's F3 / AUROC and whether the monitor's F3 and AUROC intervals clear both nulls'."""
+    if not controls:
+        return " – | – | – |"
+    cells = [f" {_ci(controls[name], 'f3')} / {_ci(controls[name], 'auroc')} |"
+             for name in ("block_permuted", "information_free")]  # fmt: skip
+    clears = controls["clears"]
+    verdict = {(True, True): "F3 and AUROC", (True, False): "F3 only", (False, True): "AUROC only"}
+    return "".join(cells) + f" {verdict.get((clears['f3'], clears['auroc']), '**no**')} |"
+
+
+def prevention_table(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "| controller | condition | misbehaviours without → with | prevented | return without | return with | "
+        "interventions / km | steps handed over (benign episodes) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    name = labels(list(results["controllers"]))
+    for controller, entry in results["controllers"].items():
+        fb = entry.get("fallback")
+        if entry.get("fallback_skipped"):
+            lines.append(f"| {name[controller]} | – | {entry['fallback_skipped']} | – | – | – | – | – |")
+        if not fb:
+            continue
+        for condition, p in fb["conditions"].items():
+            lines.append(f"| {name[controller]} | {condition} | {p['misbehaviours_without']} → "
+                         f"{p['misbehaviours_with']} | {_ci(p['prevented'])} | {_ci(p['return_without'], fmt='.0f')} "
+                         f"| {_ci(p['return_with'], fmt='.0f')} | {_ci(p['interventions_per_km'])} | "
+                         f"{_ci(p['handed_over_benign'], fmt='.3f')} ({p['benign_episodes']}) |")  # fmt: skip
+    return lines
+
+
+def seeds_table(results: dict[str, Any]) -> list[str]:
+    """Prediction (held-out families, the plan's level and TTM) and prevention as mean ± 95 % t-interval over the
+    training seeds of each controller trained on several (drive/studies/misbehaviour/report.py `over_seeds`)."""
+    groups = results.get("over_seeds", {})
+    if not groups:
+        return []
+    name = labels(list(groups))
+    lines = ["| controller | seeds | misbehaviours per seed | monitor | recall | FPR | F3 | AUROC |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for group, entry in groups.items():
+        counts = ", ".join(str(n) for n in entry["misbehaviours"])
+        for monitor, by in entry["monitors"].items():
+            figures = " | ".join(cell_text(by.get(k)) for k in ("recall", "fpr", "f3", "auroc"))
+            lines.append(f"| {name[group]} | {len(entry['checkpoints'])} | {counts} | {monitor} | {figures} |")
+        if not entry["monitors"]:
+            lines.append(f"| {name[group]} | {len(entry['checkpoints'])} | {counts} | none scored (no nominal run "
+                         "without a misbehaviour, or no misbehaviour) | – | – | – | – |")  # fmt: skip
+    prevention = {g: e["prevention"] for g, e in groups.items() if e["prevention"]}
+    if prevention:
+        lines += ["", "| controller | prevented (held-out, pooled) | return gained (held-out mean) | steps handed "
+                  "over, benign shifted episodes | steps handed over, nominal | interventions / km, nominal |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for group, by in prevention.items():
+            keys = ("prevented", "return_gain", "handed_over_benign", "handed_over_nominal",
+                    "interventions_per_km_nominal")  # fmt: skip
+            lines.append(f"| {name[group]} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
+    return lines + pairwise(groups, name)
+
+
+def pairwise(groups: dict[str, Any], name: dict[str, str]) -> list[str]:
+    """Welch's p of every pair of controllers on the summed epistemic variance's F3 and on the share prevented."""
+    lines: list[str] = []
+    for title, where in (("F3 of the summed epistemic variance", ("monitors", "epistemic_sum", "f3")),
+                         ("share of misbehaviours prevented", ("prevention", "prevented"))):  # fmt: skip
+        stats = {g: v for g, e in groups.items() if (v := figure_at(e, where))}
+        if len(stats) < 2:
+            continue
+        lines += ["", f"Welch's p, {title} (row against column; `–`: no test, a side constant or under 2 seeds):", "",
+                  "| | " + " | ".join(name[g] for g in stats) + " |", "|---|" + "---|" * len(stats)]  # fmt: skip
+        for g, v in stats.items():
+            cells = ["" if h == g else _p(v.get("p_vs", {}).get(h)) for h in stats]
+            lines.append(f"| {name[g]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3f}" + (" *" if p < 0.05 else "")
+
+
+def headline(results: dict[str, Any]) -> str:
+    plan = results["plan"]
+    head = (
+        f"held-out shift families, TTM {plan['ttm']} s, confidence level {plan['level']} "
+        "(value [95 % bootstrap interval over episodes]):"
+    )
+    return "\n".join([head, *prediction_table(results, "held_out")])
+
+
+def markdown(results: dict[str, Any]) -> str:
+    plan = results["plan"]
+    run = results.get("this_run", {})
+    lines = ["# Misbehaviour prediction and prevention (`drive bench misbehaviour`)", "",
+             f"Controllers: {', '.join(plan['controllers'])}; nominal seeds {len(plan['nominal_seeds'])}, "
+             f"{len(plan['seeds'])} seeds per shifted condition; levels {plan['levels']}, TTM {plan['ttms']} s; "
+             f"{plan['n_boot']} bootstrap replicates. Windows: {results['protocol']['windows']}.", "",
+             "## Prediction on held-out families (the headline)", "", headline(results), "",
+             *(["## Over training seeds (held-out families; mean ± 95 % t-interval over seeds, * Welch p < 0.05 "
+                f"against {labels(list(results['over_seeds']))[next(iter(results['over_seeds']))]}, same monitor)",
+                "", *seeds_table(results), ""] if results.get("over_seeds") else []),
+             "## Prediction on NSAC's surrogate families (noise, brightness: trained on, reported apart)", "",
+             *prediction_table(results, "surrogate"), "", "## Prevention and its false-alarm cost", "",
+             f"The fallback ({plan['fallback']}) engages when the controller's epistemic steering variance exceeds "
+             f"the protocol's threshold at level {plan['level']} on nominal runs.", "", *prevention_table(results), "",
+             "## The field's published figures (Udacity simulator: another setting, beside ours)", "",
+             *(f"- {who}: {what}" for who, what in results["published"]), "",
+             f"Cost: this run {run.get('wall_s', 0) / 3600:.2f} h wall, {run.get('cpu_s', 0) / 3600:.2f} CPU-hours "
+             f"(this process and its pool workers; Ray workers not counted); all cells "
+             f"{results.get('cells_wall_s', 0) / 3600:.2f} h wall.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_f3(results: dict[str, Any], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan = results["plan"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn, name = False, labels(list(results["controllers"]))
+    for controller, entry in results["controllers"].items():
+        table = entry.get("prediction", {}).get("groups", {}).get("held_out")
+        for monitor, rows in (table or {}).get("monitors", {}).items():
+            picked = [_pick(rows, plan["level"], t) for t in plan["ttms"]]
+            f3 = [r["value"]["f3"] if r else math.nan for r in picked]
+            ax.plot(plan["ttms"], f3, marker="o", label=f"{name[controller]}: {monitor}")
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set(xlabel="time to misbehaviour (s)", ylabel="F3", title=f"held-out families, level {plan['level']}",
+           ylim=(0, 1))  # fmt: skip
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+SEED_MONITORS = ("epistemic_steer", "epistemic_sum", "thirdeye_avg_grad", "selforacle")
+
+
+def plot_seeds(results: dict[str, Any], path: Path) -> Path | None:
+    """Controllers trained on several seeds: F3 per monitor (held-out, the plan's level and TTM) and the share the
+    gate prevents, each seed a dot, the mean and its 95 % t-interval a bar."""
+    groups = results.get("over_seeds", {})
+    if not groups:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan, name = results["plan"], labels(list(groups))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1.4]})
+    width = 0.8 / len(SEED_MONITORS)
+    for m, monitor in enumerate(SEED_MONITORS):
+        for g, entry in enumerate(groups.values()):
+            _seed_bar(left, g + (m - (len(SEED_MONITORS) - 1) / 2) * width,
+                      entry["monitors"].get(monitor, {}).get("f3"), f"C{m}", monitor if g == 0 else None)  # fmt: skip
+    for g, entry in enumerate(groups.values()):
+        _seed_bar(right, g, entry["prevention"].get("prevented"), "C4", None)
+    ticks = [name[g].replace("/seed*/best.pt", "") for g in groups]
+    left.set(ylabel=f"F3 (held-out, TTM {plan['ttm']} s, level {plan['level']})", ylim=(-0.02, 1.02),
+             xticks=range(len(groups)), xticklabels=ticks)  # fmt: skip
+    right.set(ylabel="share of misbehaviours prevented", ylim=(-0.02, 1.02), xticks=range(len(groups)),
+              xticklabels=ticks)  # fmt: skip
+    left.legend(fontsize=7, loc="upper left")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.suptitle("over training seeds: each dot a seed, bars the mean and its 95 % t-interval", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _seed_bar(ax: Any, x: float, stat: dict[str, Any] | None, colour: str, label: str | None) -> None:
+    if not stat or stat["mean"] is None:
+        return
+    ax.scatter([x] * len(stat["values"]), stat["values"], s=10, color=colour, alpha=0.6, label=label)
+    half = stat["half_width"] or 0.0
+    ax.errorbar([x], [stat["mean"]], yerr=[[half], [half]], fmt="_", color=colour, markersize=10, capsize=2)
+
+
+def write_report(out: Path, results: dict[str, Any]) -> list[Path]:
+    results = portable(results)
+    atomic_write(out / "results.json", (json.dumps(results, indent=1, default=float) + "\n").encode())
+    atomic_write(out / "results.md", markdown(results).encode())
+    figures = [plot_seeds(results, out / "seeds.png") or plot_f3(results, out / "f3.png")]
+    return [out / "results.json", out / "results.md", *(f for f in figures if f)]
