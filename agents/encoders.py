@@ -102,11 +102,16 @@ class FrameTokens(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cnn = nn.Sequential(
-            nn.Conv2d(1, 16, 8, stride=4), nn.ReLU(),   # 84 -> 20
-            nn.Conv2d(16, 32, 4, stride=2), nn.ReLU(),  # 20 -> 9
-            nn.Conv2d(32, 32, 3, stride=1), nn.ReLU(),  # 9 -> 7
-            nn.Flatten(), nn.Linear(32 * 7 * 7, cfg.d_model), nn.ReLU(),
-        )  # fmt: skip
+            nn.Conv2d(1, 16, 8, stride=4),
+            nn.ReLU(),  # 84 -> 20
+            nn.Conv2d(16, 32, 4, stride=2),
+            nn.ReLU(),  # 20 -> 9
+            nn.Conv2d(32, 32, 3, stride=1),
+            nn.ReLU(),  # 9 -> 7
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, cfg.d_model),
+            nn.ReLU(),
+        )
         self.position = nn.Parameter(torch.zeros(cfg.n_tokens, cfg.d_model))
         self.memo: dict[bytes, Tensor] | None = None
         self._last: tuple[np.ndarray, Tensor] | None = None  # the previous call's last k - 1 frames, its tokens
@@ -174,12 +179,17 @@ class NvidiaTokens(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.cnn = nn.Sequential(
-            nn.Conv2d(3 * max(1, cfg.in_dim), 24, 5, stride=2), nn.ELU(),   # 66x200 -> 31x98
-            nn.Conv2d(24, 36, 5, stride=2), nn.ELU(),  # -> 14x47
-            nn.Conv2d(36, 48, 5, stride=2), nn.ELU(),  # -> 5x22
-            nn.Conv2d(48, 64, 3), nn.ELU(),            # -> 3x20
-            nn.Conv2d(64, 64, 3), nn.ELU(),            # -> 1x18
-        )  # fmt: skip
+            nn.Conv2d(3 * max(1, cfg.in_dim), 24, 5, stride=2),
+            nn.ELU(),  # 66x200 -> 31x98
+            nn.Conv2d(24, 36, 5, stride=2),
+            nn.ELU(),  # -> 14x47
+            nn.Conv2d(36, 48, 5, stride=2),
+            nn.ELU(),  # -> 5x22
+            nn.Conv2d(48, 64, 3),
+            nn.ELU(),  # -> 3x20
+            nn.Conv2d(64, 64, 3),
+            nn.ELU(),  # -> 1x18
+        )
         self.proj = nn.Linear(64, cfg.d_model)
         self.position = nn.Parameter(torch.zeros(18, cfg.d_model))
 

@@ -65,8 +65,9 @@ class HSABlock(FTBlock):
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, noise: Noise) -> Tensor:  # (B, H, L|T, dh) -> (B, H, L, dh)
         cfg, scale = self.cfg, q.shape[-1] ** -0.5
-        to_centroids = gumbel_softmax(k @ self.centroids.transpose(-2, -1).unsqueeze(0) * scale, cfg.tau_centroids,
-                                      noise.generator)  # (B, H, T, K)  # fmt: skip
+        to_centroids = gumbel_softmax(
+            k @ self.centroids.transpose(-2, -1).unsqueeze(0) * scale, cfg.tau_centroids, noise.generator
+        )  # (B, H, T, K)
         k_mixed = to_centroids @ self.centroids.unsqueeze(0)  # (B, H, T, dh)
         attention = gumbel_softmax(
             q @ k_mixed.transpose(-2, -1) * scale, cfg.tau_attention, noise.generator

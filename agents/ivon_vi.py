@@ -76,9 +76,14 @@ class IVONRegressor(FTController):
         cfg = self.cfg
         self.ess.fill_(float(n_train))
         return ivon.IVON(
-            self.net.parameters(), lr=cfg.lr, ess=float(n_train), hess_init=cfg.hess_init, beta2=cfg.beta2,
-            weight_decay=cfg.prior_precision, mc_samples=cfg.train_samples,
-        )  # fmt: skip
+            self.net.parameters(),
+            lr=cfg.lr,
+            ess=float(n_train),
+            hess_init=cfg.hess_init,
+            beta2=cfg.beta2,
+            weight_decay=cfg.prior_precision,
+            mc_samples=cfg.train_samples,
+        )
 
     def training_step(self, x: Tensor, y: Tensor, optimizer: torch.optim.Optimizer, grad_clip: float) -> Tensor:
         losses = []

@@ -174,8 +174,15 @@ class NSAC(Controller):
     default_samples = 32
     internal_batch_axes: ClassVar[dict[str, int]] = {"attention": 1}
     internal_head_axes: ClassVar[dict[str, int]] = {
-        "kappa": 0, "phi": 0, "psi": 0, "mu": 0, "sigma2": 0, "attention": 1, "ou_time": 0, "keys": 0,
-    }  # fmt: skip
+        "kappa": 0,
+        "phi": 0,
+        "psi": 0,
+        "mu": 0,
+        "sigma2": 0,
+        "attention": 1,
+        "ou_time": 0,
+        "keys": 0,
+    }
     internal_indices: ClassVar[tuple[str, ...]] = ("keys",)
 
     def __init__(self, cfg: NSACConfig):
@@ -204,8 +211,15 @@ class NSAC(Controller):
         tokens = self.encoder(x)
         return tokens, self.norm(tokens)
 
-    def _attend(self, x: Tensor, tokens: Tensor, normed: Tensor, n_samples: int, generator: torch.Generator | None,
-                sample: bool = True) -> tuple[Tensor, Tensor]:  # fmt: skip
+    def _attend(
+        self,
+        x: Tensor,
+        tokens: Tensor,
+        normed: Tensor,
+        n_samples: int,
+        generator: torch.Generator | None,
+        sample: bool = True,
+    ) -> tuple[Tensor, Tensor]:
         """Standardised per-sample moments (S, B, D) each from the attention over `normed` (B, T, d)."""
         readout = (self.pool_identity, self.pool_identity.new_zeros(len(self.pool_identity)))
         pooled = self.attention(normed, n_samples, generator, self._times(x), readout, sample)  # (S, B, 2d)

@@ -100,9 +100,15 @@ def _tile(x: Tensor, n: int) -> Tensor:
 
 @torch.no_grad()
 def sa_evaluate(
-    model: nn.Module, x: Tensor, y: Tensor, nu: int, n_passes: int = 8, seed: int = 0,
-    forward: Forward = _call, base: Tensor | None = None,
-) -> SAEval:  # fmt: skip
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    nu: int,
+    n_passes: int = 8,
+    seed: int = 0,
+    forward: Forward = _call,
+    base: Tensor | None = None,
+) -> SAEval:
     """L_SA(nu) from M = n_passes stochastic passes (folded into one batch of M*B inputs)."""
     f0 = deterministic_output(model, x, forward) if base is None else base
     b = x.shape[0]
@@ -117,9 +123,13 @@ def sa_evaluate(
 
 @torch.no_grad()
 def sa_samples(
-    model: nn.Module, x: Tensor, nu: int, n_samples: int, generator: torch.Generator | None = None,
+    model: nn.Module,
+    x: Tensor,
+    nu: int,
+    n_samples: int,
+    generator: torch.Generator | None = None,
     forward: Forward = _call,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """SA's predictive samples f_nu^(m)(x), (S, B, ...): S passes folded into one batch."""
     with stochastic_attention(model, nu, generator):
         out = forward(model, _tile(x, n_samples))  # (S*B, ...)
@@ -135,11 +145,24 @@ def grid_search_nu(
 
 
 def calibrate_nu(
-    model: nn.Module, x: Tensor, y: Tensor, *, forward: Forward = _call, n_passes: int = 8,
-    nu_bounds: tuple[int, int] = (1, 1 << 16), n_init: int = 3, max_evals: int = 12, tol: float = 0.1,
-    patience: int = 2, seed: int = 0, prior: LogLogPosterior | None = None, routine: str = "default",
-    batch_size: int = 32, extend_bounds: bool = True, max_extensions: int = 3,
-) -> NuCalibration:  # fmt: skip
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    forward: Forward = _call,
+    n_passes: int = 8,
+    nu_bounds: tuple[int, int] = (1, 1 << 16),
+    n_init: int = 3,
+    max_evals: int = 12,
+    tol: float = 0.1,
+    patience: int = 2,
+    seed: int = 0,
+    prior: LogLogPosterior | None = None,
+    routine: str = "default",
+    batch_size: int = 32,
+    extend_bounds: bool = True,
+    max_extensions: int = 3,
+) -> NuCalibration:
     """Bayesian optimisation of L_SA over nu on a calibration split (x, y). Leaves SA off on return.
 
     routine: "default" (ours, module docstring) or "published" (Yadav & Zhang; n_init, max_evals, tol, patience and
@@ -169,8 +192,9 @@ def calibrate_nu(
             known = {nu: e for nu, e in cache.items() if lo <= nu <= hi} if n_extensions else {}
             limit = max_evals + len(known)  # a rerun on a widened bracket keeps what it knows and gets a new budget
             found = default_search(evaluate, known, res, lo, hi, seed, n_init, limit, tol, patience, prior)
-            result = NuCalibration(found.nu, [], 0.0, found.n_evals, found.converged, found.target_dispersion,
-                                   found.slope, found.intercept)  # fmt: skip
+            result = NuCalibration(
+                found.nu, [], 0.0, found.n_evals, found.converged, found.target_dispersion, found.slope, found.intercept
+            )
         else:
             result = _published_search(model, x, y, forward, base, res, lo, hi, n_passes, batch_size, seed)
             published_evals += result.n_evals
@@ -226,5 +250,14 @@ def _published_search(model, x, y, forward, base, res, lo, hi, n_passes, batch_s
     curve = [
         {"nu": nu, "loss": mean(evs, "loss"), "dispersion": mean(evs, "dispersion")} for nu, evs in sorted(seen.items())
     ]
-    return NuCalibration(found.beta, curve, 0.0, found.n_evals, found.converged, res.mean().item(), found.slope,
-                         found.intercept, routine="published")  # fmt: skip
+    return NuCalibration(
+        found.beta,
+        curve,
+        0.0,
+        found.n_evals,
+        found.converged,
+        res.mean().item(),
+        found.slope,
+        found.intercept,
+        routine="published",
+    )

@@ -29,8 +29,14 @@ class OursSearch:
 class LogLogPosterior:
     """Bayesian linear regression ln d = ln b + a ln nu + eps with a conjugate normal-inverse-chi^2 prior."""
 
-    def __init__(self, slope_mean: float = -0.5, slope_sd: float = 1.0, intercept_sd: float = 10.0,
-                 dof0: float = 1.0, scale0: float = 0.1):  # fmt: skip
+    def __init__(
+        self,
+        slope_mean: float = -0.5,
+        slope_sd: float = 1.0,
+        intercept_sd: float = 10.0,
+        dof0: float = 1.0,
+        scale0: float = 0.1,
+    ):
         self.m0 = np.array([0.0, slope_mean])
         self.prec0 = np.diag([intercept_sd**-2, slope_sd**-2])  # V0^-1
         self.dof0, self.scale0 = dof0, scale0

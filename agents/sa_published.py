@@ -68,10 +68,19 @@ def objective(beta, a: float, log_b: float, s2: float, d0: float):
 
 
 def search(
-    observe: Callable[[int, int], np.ndarray], d0: float, bounds: tuple[int, int], rng: np.random.Generator, *,
-    n_init: int = 40, n_batch: int = 10, n_post: int = 100, max_iter: int = 50, rel_tol: float = 1.03,
-    quantile: float = 0.98, n_stable: int = 3,
-) -> PublishedSearch:  # fmt: skip
+    observe: Callable[[int, int], np.ndarray],
+    d0: float,
+    bounds: tuple[int, int],
+    rng: np.random.Generator,
+    *,
+    n_init: int = 40,
+    n_batch: int = 10,
+    n_post: int = 100,
+    max_iter: int = 50,
+    rel_tol: float = 1.03,
+    quantile: float = 0.98,
+    n_stable: int = 3,
+) -> PublishedSearch:
     """Yadav & Zhang's BO loop over an integer scale in `bounds`; defaults are their Ex1 settings."""
     lo, hi = bounds
     log_beta: list[np.ndarray] = []

@@ -63,8 +63,11 @@ TAP_INDEX, TAP_WEIGHT = area_taps(SRC, DST)  # (84, 2) each: the same for rows a
 # resized row is 12 groups of 21 values (7 pixels x 3 channels), group g reading the 24 source values from 24 g on
 # contiguously (value e of a group from source e and e + 3). The kernel relies on it; checked here, once.
 GROUP_OUT, GROUP_SRC = 7, 8
-if not (np.array_equal(TAP_INDEX[:, 0], np.arange(DST) + np.arange(DST) // GROUP_OUT)
-        and np.array_equal(TAP_INDEX[:, 1], TAP_INDEX[:, 0] + 1) and DST % GROUP_OUT == 0):  # fmt: skip
+if not (
+    np.array_equal(TAP_INDEX[:, 0], np.arange(DST) + np.arange(DST) // GROUP_OUT)
+    and np.array_equal(TAP_INDEX[:, 1], TAP_INDEX[:, 0] + 1)
+    and DST % GROUP_OUT == 0
+):
     raise ValueError("area_gray: the 96 -> 84 taps are not the 8-to-7 groups the kernel assumes")
 # The kernel's padded layout: a resized row in the source row's 288 slots, value j of group g in slot 24 g + j (slots
 # 21-23 of a group unused, weight 0), so slot x reads source x and x + 3 for every x: one contiguous loop per row

@@ -111,8 +111,9 @@ def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
     if not Path(root).is_dir():
         raise DemonstrationError(f"{root}: not a folder (a recorded dataset is a folder holding {MANIFEST})")
     if not path.is_file():
-        raise DemonstrationError(f"{root}: holds no {MANIFEST}, so it is not a recorded dataset (drive collect --out "
-                                 "DIR records one)")  # fmt: skip
+        raise DemonstrationError(
+            f"{root}: holds no {MANIFEST}, so it is not a recorded dataset (drive collect --out DIR records one)"
+        )
     try:
         manifest = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

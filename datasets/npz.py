@@ -58,8 +58,12 @@ def npz_bytes(arrays: Mapping[str, np.ndarray], level: int = LEVEL) -> bytes:
             raise ValueError(f"npz member {key!r}: {size} bytes, past what a zip without ZIP64 holds")
         name = f"{key}.npy".encode()
         fields = (_DEFLATE, 0, _DOS_DATE, crc, len(packed), size, len(name), 0)  # method ... extra length
-        central += struct.pack("<4s6H3L5H2L", b"PK\x01\x02", _MADE_BY, _VERSION, 0, *fields, 0, 0, 0,
-                               _EXTERNAL_ATTR, len(body)) + name  # fmt: skip
+        central += (
+            struct.pack(
+                "<4s6H3L5H2L", b"PK\x01\x02", _MADE_BY, _VERSION, 0, *fields, 0, 0, 0, _EXTERNAL_ATTR, len(body)
+            )
+            + name
+        )
         body += struct.pack("<4s5H3L2H", b"PK\x03\x04", _VERSION, 0, *fields) + name + packed
     n = len(arrays)
     end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, n, n, len(central), len(body), 0)

@@ -36,14 +36,17 @@ def require_episodes(root: Path, seeds: list[int], fp: Mapping[str, Any]) -> Non
     driven = ",".join(str(s) for s in seeds if s in dagger)
     how = []
     if collected:
-        how.append(f"collection is deterministic per seed, so `drive collect --expert {fp.get('expert')} "
-                   f"--action-noise {fp.get('action_noise', 0.0):g} --frame-coding {fingerprint_coding(fp)} "
-                   f"--seeds {collected} --out DIR` regenerates them")  # fmt: skip
+        how.append(
+            f"collection is deterministic per seed, so `drive collect --expert {fp.get('expert')} "
+            f"--action-noise {fp.get('action_noise', 0.0):g} --frame-coding {fingerprint_coding(fp)} "
+            f"--seeds {collected} --out DIR` regenerates them"
+        )
     if driven:
         how.append(
             f"episodes {driven} were recorded by a `drive dagger` round (a trained clone drove them), which "
             "only the commands that made the dataset regenerate (for the shipped checkpoint: README)"
         )
     more = " ..." if len(missing) > 6 else ""
-    raise DemonstrationError(f"{root}: the checkpoint's episodes {missing[:6]}{more} are not here; "
-                             f"{'; '.join(how)}: then pass --data DIR")  # fmt: skip
+    raise DemonstrationError(
+        f"{root}: the checkpoint's episodes {missing[:6]}{more} are not here; {'; '.join(how)}: then pass --data DIR"
+    )

@@ -190,8 +190,9 @@ def load_row_frame(log: UdacityLog, i: int, camera: str = "center") -> np.ndarra
     try:
         return load_frame(path)
     except UdacityLogError as exc:
-        raise UdacityLogError(f"{log.path}:{int(log.line[i])}: {camera} image {Path(path).name!r}: "
-                              f"{str(exc).split(': ', 1)[-1]}") from None  # fmt: skip
+        raise UdacityLogError(
+            f"{log.path}:{int(log.line[i])}: {camera} image {Path(path).name!r}: {str(exc).split(': ', 1)[-1]}"
+        ) from None
 
 
 def preprocess(rgb: np.ndarray) -> np.ndarray:

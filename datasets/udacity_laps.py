@@ -80,8 +80,14 @@ def block_of(t: np.ndarray, n_blocks: int, max_gap_s: float = 1.0) -> np.ndarray
     return np.minimum((active / total * n_blocks).astype(np.int64), n_blocks - 1)
 
 
-def block_split(t: np.ndarray, n_blocks: int, test_blocks: tuple[int, ...], val_blocks: tuple[int, ...],
-                gap_s: float, max_gap_s: float = 1.0) -> dict[str, np.ndarray]:  # fmt: skip
+def block_split(
+    t: np.ndarray,
+    n_blocks: int,
+    test_blocks: tuple[int, ...],
+    val_blocks: tuple[int, ...],
+    gap_s: float,
+    max_gap_s: float = 1.0,
+) -> dict[str, np.ndarray]:
     """Row indices of train / val / test for frames at times t (seconds, in recording order)."""
     _check_blocks(n_blocks, test_blocks, val_blocks)
     if len(t) < n_blocks:
@@ -108,8 +114,11 @@ def random_split(n: int, test_fraction: float, val_fraction: float, seed: int) -
         raise ValueError(f"test and val fractions must be > 0 and sum below 1, got {test_fraction}, {val_fraction}")
     order = np.random.default_rng([seed, 10]).permutation(n)
     n_test, n_val = max(1, round(n * test_fraction)), max(1, round(n * val_fraction))
-    return {"train": np.sort(order[n_test + n_val :]), "val": np.sort(order[n_test : n_test + n_val]),
-            "test": np.sort(order[:n_test])}  # fmt: skip
+    return {
+        "train": np.sort(order[n_test + n_val :]),
+        "val": np.sort(order[n_test : n_test + n_val]),
+        "test": np.sort(order[:n_test]),
+    }
 
 
 def smooth_labels(y: np.ndarray, t: np.ndarray, sigma_s: float, max_gap_s: float = 1.0) -> np.ndarray:

@@ -75,9 +75,17 @@ def save(
 def resave(payload: dict[str, Any], module: nn.Module, path: str | os.PathLike, extra: dict[str, Any]) -> Path:
     """Write a read() payload again with `module`'s current tensors and `extra` merged into its extra (atomically):
     how post-hoc calibrations (fallback threshold, aleatoric temperature) are stored in a checkpoint."""
-    return save(path, kind=payload["kind"], name=payload["name"], config=payload["config"], module=module,
-                normalisation=payload["normalisation"], data=payload["data"], metrics=payload["metrics"],
-                extra={**payload["extra"], **extra})  # fmt: skip
+    return save(
+        path,
+        kind=payload["kind"],
+        name=payload["name"],
+        config=payload["config"],
+        module=module,
+        normalisation=payload["normalisation"],
+        data=payload["data"],
+        metrics=payload["metrics"],
+        extra={**payload["extra"], **extra},
+    )
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

@@ -76,8 +76,12 @@ def module_name(words: tuple[str, ...]) -> str:
 def _usage(group: str = "") -> str:
     """The command table (`group`: only the commands under that first word, e.g. `drive bench --help`)."""
     shown = {w: h for w, h in COMMANDS.items() if not group or (len(w) > 1 and w[0] == group)}
-    lines = [f"usage: drive {group + ' ' if group else ''}COMMAND [OPTIONS]   (drive COMMAND --help for its options; "
-             "--debug shows tracebacks)", "", "commands:"]  # fmt: skip
+    lines = [
+        f"usage: drive {group + ' ' if group else ''}COMMAND [OPTIONS]   (drive COMMAND --help for its options; "
+        "--debug shows tracebacks)",
+        "",
+        "commands:",
+    ]
     width = max(len(" ".join(w)) for w in shown)
     for words, help_ in shown.items():
         lines.append(f"  {' '.join(words):<{width}}  {help_}")
@@ -134,8 +138,11 @@ def _parse_error_message(event: Any) -> str:
         if event.argument is None:
             return one_line(Exception(event.message))
         expected = str(event.argument.lowered.metavar or "").replace("{None}|", "")
-        reasons = [line.rsplit("]: ", 1)[-1] for line in event.message.splitlines()
-                   if line.startswith("- ") and "NoneType" not in line and "]: " in line]  # fmt: skip
+        reasons = [
+            line.rsplit("]: ", 1)[-1]
+            for line in event.message.splitlines()
+            if line.startswith("- ") and "NoneType" not in line and "]: " in line
+        ]
         message = one_line(Exception(event.message))
         found = re.search(r"from \[(.*?)\]", message)
         got = found.group(1).replace("'", "") if found else ""

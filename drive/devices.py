@@ -22,8 +22,10 @@ def resolve(name: str | torch.device) -> torch.device:
         raise UserError(f"--device {name}: not a device name (cpu, cuda, cuda:N, mps)") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise UserError(f"--device {name}: CUDA is not available on this machine (torch {torch.__version__}"
-                            f"{', a CPU-only build' if torch.version.cuda is None else ''})")  # fmt: skip
+            raise UserError(
+                f"--device {name}: CUDA is not available on this machine (torch {torch.__version__}"
+                f"{', a CPU-only build' if torch.version.cuda is None else ''})"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif device.type == "mps" and not torch.backends.mps.is_available():

@@ -180,8 +180,9 @@ def average_precision(positive: np.ndarray, negative: np.ndarray) -> float:
 
 
 # -- bootstrap intervals -----------------------------------------------------------------------------------------------
-def bootstrap(statistic: Callable[..., Any], sizes: Sequence[int], n_boot: int = 1000, seed: int = 0,
-              level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def bootstrap(
+    statistic: Callable[..., Any], sizes: Sequence[int], n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
     """Percentile interval of `statistic(*indices)` over n_boot resamples: per stratum s an index array of sizes[s]
     units drawn with replacement from range(sizes[s]) (strata resampled apart). NaN replicates are left out."""
     if n_boot < 1 or any(n < 1 for n in sizes):

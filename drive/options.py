@@ -39,9 +39,13 @@ def _spec(kind: type, metavar: str, check: Callable[[Any], str | None]) -> Primi
             raise ValueError(f"{args[0]} {problem}")
         return value
 
-    return PrimitiveConstructorSpec(nargs=1, metavar=metavar, instance_from_str=parse,
-                                    is_instance=lambda x: isinstance(x, kind) and not isinstance(x, bool),
-                                    str_from_instance=lambda x: [str(x)])  # fmt: skip
+    return PrimitiveConstructorSpec(
+        nargs=1,
+        metavar=metavar,
+        instance_from_str=parse,
+        is_instance=lambda x: isinstance(x, kind) and not isinstance(x, bool),
+        str_from_instance=lambda x: [str(x)],
+    )
 
 
 def IntRange(low: int | None = None, high: int | None = None) -> Any:  # noqa: N802 - a type factory

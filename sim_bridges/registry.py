@@ -30,8 +30,16 @@ _SPECS = {
     "drive/Udacity-v0": {"entry_point": "sim_bridges.udacity.bridge:UdacityEnv", "nondeterministic": True},
 }
 VARIANT_IDS = {kind: f"drive/CarRacing{kind.capitalize()}-v0" for kind in KINDS}  # color3 -> CarRacingColor3-v0
-_SPECS.update({env_id: {"entry_point": "sim_bridges.carracing.bridge:CarRacingBridge", "max_episode_steps": 1000,
-                        "kwargs": {"variant": kind}} for kind, env_id in VARIANT_IDS.items()})  # fmt: skip
+_SPECS.update(
+    {
+        env_id: {
+            "entry_point": "sim_bridges.carracing.bridge:CarRacingBridge",
+            "max_episode_steps": 1000,
+            "kwargs": {"variant": kind},
+        }
+        for kind, env_id in VARIANT_IDS.items()
+    }
+)
 DRIVING_ENVS = ("carracing", "fake-road")  # the envs with CarRacing's action layout and info (closed-loop BC)
 
 

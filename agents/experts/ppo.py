@@ -222,8 +222,13 @@ class PPOExpert:
         self.policy = policy.eval()
         cfg = policy.cfg
         linears = [m for m in policy.policy_net if isinstance(m, nn.Linear)] + [policy.action_net]
-        self._layers = [(np.ascontiguousarray(m.weight.detach().cpu().numpy().T, np.float32),
-                         m.bias.detach().cpu().numpy().astype(np.float32)) for m in linears]  # fmt: skip
+        self._layers = [
+            (
+                np.ascontiguousarray(m.weight.detach().cpu().numpy().T, np.float32),
+                m.bias.detach().cpu().numpy().astype(np.float32),
+            )
+            for m in linears
+        ]
         self._mean = policy.obs_mean.detach().cpu().numpy().astype(np.float32)  # type: ignore[operator]
         self._std = np.sqrt(policy.obs_var.detach().cpu().numpy().astype(np.float32) + cfg.obs_eps)  # type: ignore[operator]
         self._activation = _ACTIVATION_FN[cfg.activation]  # elementwise, numpy's float32 kernels
@@ -254,12 +259,14 @@ class PPOExpert:
             x = _standardised(states, self._mean, self._std, bound, TIE_KEEPS_X, z)  # (K, I)
         else:  # three kernel calls for two hidden layers: each call from Python pays its argument checks
             wt, b = self._layers[0]
-            x = _input_layer(states, self._mean, self._std, bound, TIE_KEEPS_X, z, wt, b,
-                             np.empty((k, wt.shape[1]), np.float32))  # fmt: skip
+            x = _input_layer(
+                states, self._mean, self._std, bound, TIE_KEEPS_X, z, wt, b, np.empty((k, wt.shape[1]), np.float32)
+            )
             for wt, b in self._layers[1:-1]:
                 x = _dense(self._activation(x), wt, b, np.empty((k, wt.shape[1]), np.float32))  # (K, width)
             x = self._activation(x)
         wt, b = self._layers[-1]
         a, out = np.empty((k, wt.shape[1]), np.float32), np.empty((k, 3), np.float32)
-        return _output_layer(x, wt, b, a, states, cfg.speed_index, cfg.action_mode == "speed", TIE_KEEPS_X,
-                             self._consts, out)  # fmt: skip
+        return _output_layer(
+            x, wt, b, a, states, cfg.speed_index, cfg.action_mode == "speed", TIE_KEEPS_X, self._consts, out
+        )

@@ -141,9 +141,16 @@ def _mha_forward(
     if self.bias_k is not None or self.add_zero_attn:
         raise NotImplementedError("stochastic attention does not support MultiheadAttention with bias_k/add_zero_attn")
     _, pi = type(self).forward(
-        self, query, key, value, key_padding_mask=key_padding_mask, need_weights=True, attn_mask=attn_mask,
-        average_attn_weights=False, is_causal=is_causal,
-    )  # fmt: skip
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=key_padding_mask,
+        need_weights=True,
+        attn_mask=attn_mask,
+        average_attn_weights=False,
+        is_causal=is_causal,
+    )
     batched = query.dim() == 3
     v_in = value if batched else value.unsqueeze(1 - int(self.batch_first))
     v_in = v_in if self.batch_first else v_in.transpose(0, 1)  # (B, S, Ev)

@@ -65,18 +65,26 @@ class SelfOracle(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.init_seed)
             self.encoder = nn.Sequential(
-                nn.Conv2d(1, c, 4, stride=2, padding=1), nn.ReLU(),           # 84 -> 42
-                nn.Conv2d(c, 2 * c, 4, stride=2, padding=1), nn.ReLU(),       # 42 -> 21
-                nn.Conv2d(2 * c, 2 * c, 3, stride=2, padding=1), nn.ReLU(),   # 21 -> 11
+                nn.Conv2d(1, c, 4, stride=2, padding=1),
+                nn.ReLU(),  # 84 -> 42
+                nn.Conv2d(c, 2 * c, 4, stride=2, padding=1),
+                nn.ReLU(),  # 42 -> 21
+                nn.Conv2d(2 * c, 2 * c, 3, stride=2, padding=1),
+                nn.ReLU(),  # 21 -> 11
                 nn.Flatten(),
-            )  # fmt: skip
+            )
             self.posterior = nn.Linear(2 * c * 11 * 11, 2 * cfg.latent_dim)
             self.decoder = nn.Sequential(
-                nn.Linear(cfg.latent_dim, 2 * c * 11 * 11), nn.ReLU(), nn.Unflatten(1, (2 * c, 11, 11)),
-                nn.ConvTranspose2d(2 * c, 2 * c, 3, stride=2, padding=1), nn.ReLU(),  # 11 -> 21
-                nn.ConvTranspose2d(2 * c, c, 4, stride=2, padding=1), nn.ReLU(),      # 21 -> 42
-                nn.ConvTranspose2d(c, 1, 4, stride=2, padding=1), nn.Sigmoid(),       # 42 -> 84
-            )  # fmt: skip
+                nn.Linear(cfg.latent_dim, 2 * c * 11 * 11),
+                nn.ReLU(),
+                nn.Unflatten(1, (2 * c, 11, 11)),
+                nn.ConvTranspose2d(2 * c, 2 * c, 3, stride=2, padding=1),
+                nn.ReLU(),  # 11 -> 21
+                nn.ConvTranspose2d(2 * c, c, 4, stride=2, padding=1),
+                nn.ReLU(),  # 21 -> 42
+                nn.ConvTranspose2d(c, 1, 4, stride=2, padding=1),
+                nn.Sigmoid(),  # 42 -> 84
+            )
 
     @staticmethod
     def pixels(frames: Tensor) -> Tensor:
@@ -107,8 +115,9 @@ class SelfOracle(nn.Module):
         x_hat = self.decoder(self.encode(x)[0])
         return (x_hat - x).pow(2).flatten(1).mean(1)
 
-    def fit(self, frames: Tensor, epochs: int = 10, batch_size: int = 64, lr: float = 1e-3,
-            seed: int = 0) -> list[float]:  # fmt: skip
+    def fit(
+        self, frames: Tensor, epochs: int = 10, batch_size: int = 64, lr: float = 1e-3, seed: int = 0
+    ) -> list[float]:
         """Train on nominal frames (N, 84, 84) uint8; shuffling and latent noise from a Generator(seed). Returns the
         mean loss of each epoch."""
         device = next(self.parameters()).device

@@ -76,11 +76,15 @@ def _temperature_series(bearing: RawBearing, note: Callable[[str], None]) -> tup
     files = bearing.temperature_files()
     snaps = [read_pronostia_temp(p, short_ok=k == len(files) - 1) for k, p in enumerate(files)]
     if snaps and len(snaps[-1].temperature) < PRONOSTIA_TEMP_ROWS:
-        note(f"{files[-1]}: {len(snaps[-1].temperature)} of {PRONOSTIA_TEMP_ROWS} rows (the run stopped): "
-             "its readings used as far as they go")  # fmt: skip
+        note(
+            f"{files[-1]}: {len(snaps[-1].temperature)} of {PRONOSTIA_TEMP_ROWS} rows (the run stopped): "
+            "its readings used as far as they go"
+        )
     if not sum(len(s.temperature) for s in snaps):
-        note(f"{bearing.folder}: no temperature readings (no temp_NNNNN.csv): Temperature is {NO_TEMPERATURE}, "
-             "NSAC's fill")  # fmt: skip
+        note(
+            f"{bearing.folder}: no temperature readings (no temp_NNNNN.csv): Temperature is {NO_TEMPERATURE}, "
+            "NSAC's fill"
+        )
         return None
     return unwrap_days(np.concatenate([s.clock for s in snaps])), np.concatenate([s.temperature for s in snaps])
 
@@ -102,8 +106,15 @@ def _floats(values) -> str:
 class _RowWriter:
     """Turns windows into CSV rows; knows the precomputed per-row columns (Time, labels, temperature)."""
 
-    def __init__(self, bearing: RawBearing, spec: FeatureSpec, rpm: float, load: float,
-                 temperature: float | None, readings: tuple[np.ndarray, np.ndarray] | None):  # fmt: skip
+    def __init__(
+        self,
+        bearing: RawBearing,
+        spec: FeatureSpec,
+        rpm: float,
+        load: float,
+        temperature: float | None,
+        readings: tuple[np.ndarray, np.ndarray] | None,
+    ):
         self.bearing, self.spec, self.rpm, self.load = bearing, spec, rpm, load
         self.n_rows = spec.n_windows(len(bearing.acc_files) * bearing.rows_per_file)
         self.time = spec.times(self.n_rows)  # (n_rows,)
@@ -137,14 +148,32 @@ class _RowWriter:
             temps = self.temperature(starts)
             for k, i in enumerate(rows):
                 t, d = repr(float(self.time[i])), repr(float(self.label[i]))
-                out.writerow([_floats(horizontal[k]), _floats(vertical[k]), t, repr(float(temps[k])), d,
-                              repr(self.rpm), repr(self.load)])  # fmt: skip
+                out.writerow(
+                    [
+                        _floats(horizontal[k]),
+                        _floats(vertical[k]),
+                        t,
+                        repr(float(temps[k])),
+                        d,
+                        repr(self.rpm),
+                        repr(self.load),
+                    ]
+                )
         else:
             # a dropped short last snapshot still counts: the run lasted n_recorded minutes
             rul = self.bearing.n_recorded - (starts + self.spec.window // 2) // self.bearing.rows_per_file
             for k, i in enumerate(rows):
-                out.writerow([_floats(horizontal[k]), _floats(vertical[k]), int(rul[k]), repr(float(self.time[i])),
-                              repr(self.rpm), repr(self.load), repr(float(self.label[i]))])  # fmt: skip
+                out.writerow(
+                    [
+                        _floats(horizontal[k]),
+                        _floats(vertical[k]),
+                        int(rul[k]),
+                        repr(float(self.time[i])),
+                        repr(self.rpm),
+                        repr(self.load),
+                        repr(float(self.label[i])),
+                    ]
+                )
         self.written += keep
 
 

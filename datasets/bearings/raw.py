@@ -230,8 +230,10 @@ def _short_last(files: tuple[Path, ...], rows: int, layout: str) -> tuple[tuple[
     if len(files) == 1:
         what = f"file ends after {n} of {rows} rows, and it is the only snapshot: none complete to use"
         raise BearingFileError(last, n + 1 + (layout == "xjtu"), what)
-    note = (f"{last}: {n} of {rows} rows (the run stopped mid-snapshot): dropped, features from the "
-            f"{len(files) - 1} complete snapshots")  # fmt: skip
+    note = (
+        f"{last}: {n} of {rows} rows (the run stopped mid-snapshot): dropped, features from the "
+        f"{len(files) - 1} complete snapshots"
+    )
     return files[:-1], (note,)
 
 

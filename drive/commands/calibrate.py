@@ -49,10 +49,20 @@ def run(cfg: Config) -> int:
     shadow = default_shadow(cfg.shadow, "carracing", cfg.ckpt)
     if shadow is None:
         raise UserError("--shadow: calibration fits intervals to a shadow expert's actions: name one (ppo, pursuit)")
-    r = store_temperature(cfg.ckpt, parse_seeds(cfg.seeds), shadow, cfg.coverage, cfg.samples, cfg.out,
-                          {"name": "carracing", "max_episode_steps": cfg.max_episode_steps}, cfg.rule)  # fmt: skip
+    r = store_temperature(
+        cfg.ckpt,
+        parse_seeds(cfg.seeds),
+        shadow,
+        cfg.coverage,
+        cfg.samples,
+        cfg.out,
+        {"name": "carracing", "max_episode_steps": cfg.max_episode_steps},
+        cfg.rule,
+    )
     steer, gas, brake = r["temperature"]
-    print(f"{cfg.out or cfg.ckpt}: aleatoric temperature steer {steer:.3f}, gas {gas:.3f}, brake {brake:.3f} "
-          f"({r['n_steps']} nominal steps on seeds {cfg.seeds}, shadow {shadow}); coverage90 of the expert's "
-          f"steering {r['coverage90_steer_before']:.3f} -> {r['coverage90_steer_after']:.3f}")  # fmt: skip
+    print(
+        f"{cfg.out or cfg.ckpt}: aleatoric temperature steer {steer:.3f}, gas {gas:.3f}, brake {brake:.3f} "
+        f"({r['n_steps']} nominal steps on seeds {cfg.seeds}, shadow {shadow}); coverage90 of the expert's "
+        f"steering {r['coverage90_steer_before']:.3f} -> {r['coverage90_steer_after']:.3f}"
+    )
     return 0

@@ -30,13 +30,19 @@ def run(cfg: Config) -> int:
     summary = collect(cfg, recorder_for)
     records = read_manifest(summary.out)["episodes"]
     flagged = [r["seed"] for r in records if r["flagged"]]
-    print(f"recorded {len(summary.new)} new episode(s), {summary.frames} frames in {summary.seconds:.1f} s "
-          f"({summary.fps:.0f} frames/s); {summary.skipped} already there")  # fmt: skip
-    print(f"dataset {summary.out}: {len(records)} episode(s), {len(flagged)} flagged (return < {cfg.min_return})"
-          + (f": seeds {flagged}" if flagged else ""))  # fmt: skip
+    print(
+        f"recorded {len(summary.new)} new episode(s), {summary.frames} frames in {summary.seconds:.1f} s "
+        f"({summary.fps:.0f} frames/s); {summary.skipped} already there"
+    )
+    print(
+        f"dataset {summary.out}: {len(records)} episode(s), {len(flagged)} flagged (return < {cfg.min_return})"
+        + (f": seeds {flagged}" if flagged else "")
+    )
     if records and len(flagged) == len(records):
-        print("every episode is flagged, so `drive train` has nothing to train on: rerun this command with "
-              "--min-return LOWER (e.g. --min-return 0; nothing is recorded again), or train with "
-              "--set task.include_flagged=true")  # fmt: skip
+        print(
+            "every episode is flagged, so `drive train` has nothing to train on: rerun this command with "
+            "--min-return LOWER (e.g. --min-return 0; nothing is recorded again), or train with "
+            "--set task.include_flagged=true"
+        )
     print(f"inspect with: drive data info {shlex.quote(str(summary.out))}")
     return 0

@@ -37,7 +37,9 @@ def run(cfg: Config) -> int:
         print(f"{cfg.out} is already complete: nothing recorded")
     elif len(new) < len(rounds):
         print(f"resumed {cfg.out}: {len(new)} episode(s) recorded now, {len(rounds) - len(new)} already there")
-    print(f"{len(rounds)} DAgger episode(s) ({sum(r['steps'] for r in rounds)} frames, mean return under the mixture "
-          f"{np.mean([r['return'] for r in rounds]):.1f}, {sum(r['labels'] for r in rounds)} expert labels)"
-          f" + the {n_source} episodes of {cfg.data} -> {cfg.out}")  # fmt: skip
+    print(
+        f"{len(rounds)} DAgger episode(s) ({sum(r['steps'] for r in rounds)} frames, mean return under the mixture "
+        f"{np.mean([r['return'] for r in rounds]):.1f}, {sum(r['labels'] for r in rounds)} expert labels)"
+        f" + the {n_source} episodes of {cfg.data} -> {cfg.out}"
+    )
     return 0

@@ -102,19 +102,31 @@ def run(cfg: Config) -> int:
     n_steps = 1 if cfg.ckpt is None else 2
     print(f"drive demo: {n_steps} step(s), every output goes into {cfg.out}/")
     data_dir = cfg.out / "demonstrations"
-    options = CollectOptions(out=data_dir, expert=cfg.expert, episodes=cfg.episodes, seeds=cfg.seeds,
-                             workers=cfg.workers, keep_raw=True, max_episode_steps=cfg.max_episode_steps, env=cfg.env,
-                             progress=cfg.progress)  # fmt: skip
-    print(f"step 1/{n_steps}: the {cfg.expert} expert drives {cfg.episodes} track(s) of {cfg.env} (it sees the "
-          "privileged state); its demonstrations are recorded")  # fmt: skip
+    options = CollectOptions(
+        out=data_dir,
+        expert=cfg.expert,
+        episodes=cfg.episodes,
+        seeds=cfg.seeds,
+        workers=cfg.workers,
+        keep_raw=True,
+        max_episode_steps=cfg.max_episode_steps,
+        env=cfg.env,
+        progress=cfg.progress,
+    )
+    print(
+        f"step 1/{n_steps}: the {cfg.expert} expert drives {cfg.episodes} track(s) of {cfg.env} (it sees the "
+        "privileged state); its demonstrations are recorded"
+    )
     summary = collect(options, recorder_for)
     dataset = Demonstrations(data_dir, include_flagged=True)
     episode = dataset.load(summary.seeds[0])
     for record in dataset.episodes:
         if int(record["seed"]) in summary.seeds:
             flag = " (flagged: below min_return, left out when training)" if record["flagged"] else ""
-            print(f"  track {record['seed']}: return {record['return']:.1f}, {record['completion']:.0%} of the lap, "
-                  f"{record['steps']} steps{flag}")  # fmt: skip
+            print(
+                f"  track {record['seed']}: return {record['return']:.1f}, {record['completion']:.0%} of the lap, "
+                f"{record['steps']} steps{flag}"
+            )
     video_path = cfg.out / "expert.mp4"
     n = render_video(episode, video_path, cfg.video_steps, cfg.scale, f"{cfg.expert} expert, track {episode.seed}")
     done = f"{summary.frames} frames recorded" if summary.new else "already recorded, kept"
@@ -142,9 +154,14 @@ def drive_controller(cfg: Config) -> int:
     trace_dir = cfg.out / "trace"
     # failure_horizon=0: failure prediction scores a signal against off-track / spin / stall events over many laps
     # (and first runs 5 nominal laps for its thresholds); on the demo's one lap it has nothing to score
-    options = EvalOptions(policy=f"ckpt:{cfg.ckpt}", seeds=str(cfg.track), env=cfg.env, progress=cfg.progress,
-                          max_episode_steps=cfg.controller_steps or cfg.max_episode_steps,
-                          failure_horizon=0)  # fmt: skip
+    options = EvalOptions(
+        policy=f"ckpt:{cfg.ckpt}",
+        seeds=str(cfg.track),
+        env=cfg.env,
+        progress=cfg.progress,
+        max_episode_steps=cfg.controller_steps or cfg.max_episode_steps,
+        failure_horizon=0,
+    )
     name = _as_typed(cfg.ckpt)
     print(
         f"step 2/2: the trained controller {name} drives track {cfg.track}, unseen in training, from pixels\n"
@@ -153,11 +170,15 @@ def drive_controller(cfg: Config) -> int:
     results = evaluate(options, functools.partial(trace_observer, trace_dir))
     episode = results["episodes"][0]
     lap = "lap finished" if episode["lap_finished"] else f"{episode['completion']:.0%} of the lap driven"
-    print(f"  return {episode['return']:.1f}, {lap}, {episode['steps']} steps, "
-          f"{episode['off_track_events']} time(s) off the track")  # fmt: skip
+    print(
+        f"  return {episode['return']:.1f}, {lap}, {episode['steps']} steps, "
+        f"{episode['off_track_events']} time(s) off the track"
+    )
     if "coverage90_steer" in results:
-        print(f"  the expert's steering lay inside the controller's 90 % interval on {results['coverage90_steer']:.0%}"
-              " of the steps")  # fmt: skip
+        print(
+            f"  the expert's steering lay inside the controller's 90 % interval on {results['coverage90_steer']:.0%}"
+            " of the steps"
+        )
     trace = trace_dir / f"trace_seed{cfg.track:06d}.parquet"
     print(f"  trace:   {trace} (each step: actions, uncertainties, kappa, phi, psi per head)")
     for plot in sorted(trace_dir.glob(f"{trace.stem}_*.png")):  # drawn by the recorder when the episode ended

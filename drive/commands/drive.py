@@ -82,8 +82,10 @@ def run(cfg: Config) -> int:
     for result in results:
         summary = policy.episode_summary() if result is results[-1] else {}
         extra = "".join(f", {k} {summary[k]:.3f}" for k in ("coverage90_steer", "latency_ms_p50") if k in summary)
-        print(f"seed {result.seed}: return {result.return_:.1f}, {result.tiles}/{result.n_tiles} tiles, "
-              f"{result.off_track_events} off-track events{extra}")  # fmt: skip
+        print(
+            f"seed {result.seed}: return {result.return_:.1f}, {result.tiles}/{result.n_tiles} tiles, "
+            f"{result.off_track_events} off-track events{extra}"
+        )
     if written is not None:
         print(f"headless: wrote {written}")
     if cfg.trace is not None:

@@ -44,12 +44,20 @@ def print_table(results: dict, title: str) -> None:
     for col in ("seed", "return", "completion", "steps", "off-track", "lap"):
         table.add_column(col, justify="right")
     for r in results["episodes"]:
-        table.add_row(str(r["seed"]), f"{r['return']:.1f}", f"{r['completion']:.3f}", str(r["steps"]),
-                      str(r["off_track_events"]), "yes" if r["lap_finished"] else "no")  # fmt: skip
+        table.add_row(
+            str(r["seed"]),
+            f"{r['return']:.1f}",
+            f"{r['completion']:.3f}",
+            str(r["steps"]),
+            str(r["off_track_events"]),
+            "yes" if r["lap_finished"] else "no",
+        )
     Console().print(table)
-    print(f"mean_return {results['mean_return']:.1f} +- {results['std_return']:.1f} (std), "
-          f"min_return {results['min_return']:.1f}, max_return {results['max_return']:.1f}, "
-          f"{results['laps_finished']}/{results['n_episodes']} laps finished")  # fmt: skip
+    print(
+        f"mean_return {results['mean_return']:.1f} +- {results['std_return']:.1f} (std), "
+        f"min_return {results['min_return']:.1f}, max_return {results['max_return']:.1f}, "
+        f"{results['laps_finished']}/{results['n_episodes']} laps finished"
+    )
 
 
 def score_recordings(cfg: Config) -> int:
@@ -59,8 +67,9 @@ def score_recordings(cfg: Config) -> int:
     kind, path = parse_policy_spec(cfg.policy)
     if kind != "ckpt":
         raise UserError(f"--data scores a trained controller: give --ckpt PATH, not {cfg.policy!r}")
-    results, scored = recording.evaluate_recordings(path, cfg.data or "", n_samples=cfg.samples, seed=cfg.seed,
-                                                    skip_bad=cfg.skip_bad_rows, progress=cfg.progress)  # fmt: skip
+    results, scored = recording.evaluate_recordings(
+        path, cfg.data or "", n_samples=cfg.samples, seed=cfg.seed, skip_bad=cfg.skip_bad_rows, progress=cfg.progress
+    )
     print(recording.describe(results))
     if cfg.out is not None:
         plot = recording.plot_recording(scored, Path(cfg.out).with_suffix(".png"), f"{path} on {cfg.data}")

@@ -114,10 +114,14 @@ def _table(out: Path | None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in CONTROLLERS:
             model, encoder = _small(name)
-            rows[name] = {f"{fmt}/{p}": _cell(model, encoder, fmt, p, Path(tmp)) for fmt in export.FORMATS
-                          for p in export.PASSES}  # fmt: skip
-    print("| controller | " + " | ".join(f"{k} ({'S=16' if k.endswith('samples') else 'mean'})" for k in
-                                          next(iter(rows.values()))) + " |")  # fmt: skip
+            rows[name] = {
+                f"{fmt}/{p}": _cell(model, encoder, fmt, p, Path(tmp)) for fmt in export.FORMATS for p in export.PASSES
+            }
+    print(
+        "| controller | "
+        + " | ".join(f"{k} ({'S=16' if k.endswith('samples') else 'mean'})" for k in next(iter(rows.values())))
+        + " |"
+    )
     print("|---" * 5 + "|")
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(_short_cell(c) for c in cells.values()) + " |")

@@ -33,8 +33,10 @@ def check_before_running(cfg: Config) -> None:
     if cfg.trace.is_dir():
         found = sorted(cfg.trace.glob("trace_*.parquet"))
         if not found:
-            raise UserError(f"{cfg.trace} is a folder without trace files (trace_seedNNNNNN.parquet, written by "
-                            "`drive eval --trace DIR`); give one trace file")  # fmt: skip
+            raise UserError(
+                f"{cfg.trace} is a folder without trace files (trace_seedNNNNNN.parquet, written by "
+                "`drive eval --trace DIR`); give one trace file"
+            )
         raise UserError(f"{cfg.trace} is a folder; give one of its {len(found)} trace files, e.g. {found[0]}")
     writable_file(cfg.out, "--out")
 

@@ -74,9 +74,11 @@ def check_before_running(cfg: Config) -> None:
     if not cfg.runs.is_dir():
         raise UserError(f"--runs {cfg.runs}: no such folder")
     if not run_names(cfg.runs):
-        raise UserError(f"--runs {cfg.runs}: no runs in this folder; a run is a subfolder RUNS/<controller> holding "
-                        "metrics.json (drive train --out RUNS/<controller>) or eval.json (drive eval --out "
-                        "RUNS/<controller>/eval.json)")  # fmt: skip
+        raise UserError(
+            f"--runs {cfg.runs}: no runs in this folder; a run is a subfolder RUNS/<controller> holding "
+            "metrics.json (drive train --out RUNS/<controller>) or eval.json (drive eval --out "
+            "RUNS/<controller>/eval.json)"
+        )
     if cfg.expert_eval is not None and not cfg.expert_eval.is_file():
         raise UserError(f"--expert-eval {cfg.expert_eval}: no such file (a `drive eval --out` JSON)")
     if cfg.out is not None:
@@ -86,13 +88,18 @@ def check_before_running(cfg: Config) -> None:
 def table(runs: Path, expert_eval: Path | None = None, checkpoint: str = "best") -> str:
     expert = _load(expert_eval) if expert_eval is not None else None
     ref = expert["mean_return"] if expert else None
-    head = ("| controller | return mean ± std | min | % of expert | laps | cov50 steer | cov90 steer | NLL expert | "
-            "latency p50/p95 ms | test MSE | test NLL | test CRPS | test ECE | test cov90 | train s |")  # fmt: skip
+    head = (
+        "| controller | return mean ± std | min | % of expert | laps | cov50 steer | cov90 steer | NLL expert | "
+        "latency p50/p95 ms | test MSE | test NLL | test CRPS | test ECE | test cov90 | train s |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     if expert:
-        lines.append(f"| expert ({expert['policy']}) | {expert['mean_return']:.1f} ± {expert['std_return']:.1f} | "
-                     f"{expert['min_return']:.1f} | 100 % | {expert.get('laps_finished', '-')}/{expert['n_episodes']} |"
-                     + " - |" * 10)  # fmt: skip
+        lines.append(
+            f"| expert ({expert['policy']}) | {expert['mean_return']:.1f} ± {expert['std_return']:.1f} | "
+            f"{expert['min_return']:.1f} | 100 % | {expert.get('laps_finished', '-')}/{expert['n_episodes']} |"
+            + " - |"
+            * 10
+        )
     for name in run_names(runs):
         ev, met = _load(runs / name / "eval.json"), _load(runs / name / "metrics.json")
         test = offline(runs / name, checkpoint) if met is not None else {}

@@ -88,10 +88,14 @@ def epilog() -> str:
 def controller_help() -> str:
     registered = fields.registry("agents.registry", "CONTROLLERS")
     names = {where: name for name, where in registered.items()}
-    lines = ["controller fields (--set KEY=VALUE; out_dim and encoder.kind, .in_dim, .n_tokens are the task's, which "
-             "may also suggest other defaults):", "  every controller",
-             *fields.help_lines([f for f in fields.dataclass_fields("agents.encoders", "EncoderConfig")
-                                 if f.name == "d_model"], "encoder.")]  # fmt: skip
+    lines = [
+        "controller fields (--set KEY=VALUE; out_dim and encoder.kind, .in_dim, .n_tokens are the task's, which "
+        "may also suggest other defaults):",
+        "  every controller",
+        *fields.help_lines(
+            [f for f in fields.dataclass_fields("agents.encoders", "EncoderConfig") if f.name == "d_model"], "encoder."
+        ),
+    ]
     for name, (module, cls) in registered.items():
         own = fields.dataclass_fields(module, cls)
         parent = next((names[b] for b in fields.bases(module, cls) if b in names), None)
@@ -107,8 +111,12 @@ def trainer_help() -> str:
     own = {name: tasks.select_of(name) for name in tasks.TASKS}
     differ = sorted({s for s in own.values()} - {next(f.default.strip("'") for f in keys if f.name == "select")})
     by_task = "; ".join(f"{s} for {', '.join(n for n, v in own.items() if v == s)}" for s in differ)
-    keys = [f._replace(doc=f"{f.doc} (the default unless the task sets its own: {by_task})")
-            if f.name == "select" and by_task else f for f in keys]  # fmt: skip
+    keys = [
+        f._replace(doc=f"{f.doc} (the default unless the task sets its own: {by_task})")
+        if f.name == "select" and by_task
+        else f
+        for f in keys
+    ]
     title = f"trainer keys (--set trainer.KEY=VALUE; {', '.join(FLAGGED)}: the options above):"
     return "\n".join([title, *fields.help_lines(keys, "trainer.")])
 
@@ -126,12 +134,23 @@ def run(cfg: Config) -> int:
         world = {"world_size": distributed.world_size()} if distributed.active() else {}
         # a run already in --out is continued, as `drive collect` continues its dataset: rerunning is resuming
         resume = cfg.resume or (Path(cfg.out) / "config.json").is_file()
-        request = TrainRequest(controller=cfg.controller, out=cfg.out, task=cfg.task, data=cfg.data,
-                               epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
-                               resume=resume, resume_with_changes=cfg.resume_with_changes, overrides=cfg.set,
-                               device=device,
-                               progress=cfg.progress and distributed.is_main(), extra=world,
-                               command="drive train " + " ".join(argv) if argv else "drive train")  # fmt: skip
+        request = TrainRequest(
+            controller=cfg.controller,
+            out=cfg.out,
+            task=cfg.task,
+            data=cfg.data,
+            epochs=cfg.epochs,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            seed=cfg.seed,
+            resume=resume,
+            resume_with_changes=cfg.resume_with_changes,
+            overrides=cfg.set,
+            device=device,
+            progress=cfg.progress and distributed.is_main(),
+            extra=world,
+            command="drive train " + " ".join(argv) if argv else "drive train",
+        )
         if not distributed.is_main():
             follow(request)
             return 0

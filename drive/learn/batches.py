@@ -28,8 +28,9 @@ def iterate_batches(dataset, batch_size: int, shuffle: bool, generator=None, num
         base = torch.empty((), dtype=torch.int64).random_(generator=generator) if generator is not None else None
         sampler = [idx.tolist() for idx in _index_batches(len(dataset), batch_size, shuffle, generator, part)]
         seeded = torch.Generator().manual_seed(int(base)) if base is not None else None
-        yield from torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                                               generator=seeded)  # fmt: skip
+        yield from torch.utils.data.DataLoader(
+            dataset, batch_sampler=sampler, num_workers=num_workers, generator=seeded
+        )
         return
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=num_workers

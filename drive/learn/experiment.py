@@ -70,12 +70,19 @@ def controller_config(name: str, data: tasks.TaskData, overrides: dict[str, str]
 def trainer_config(req: TrainRequest, data: tasks.TaskData, overrides: dict[str, str]) -> TrainerConfig:
     cfg = apply_overrides(TrainerConfig(), data.train_defaults, "trainer.")
     flags = {"epochs": req.epochs, "batch_size": req.batch_size, "lr": req.lr}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None}, seed=req.seed,
-                              resume=req.resume, device=req.device, progress=req.progress)  # fmt: skip
+    cfg = dataclasses.replace(
+        cfg,
+        **{k: v for k, v in flags.items() if v is not None},
+        seed=req.seed,
+        resume=req.resume,
+        device=req.device,
+        progress=req.progress,
+    )
     cfg = apply_overrides(cfg, overrides, "trainer.")
     if cfg.epochs < 1 or cfg.batch_size < 1 or cfg.lr <= 0:
-        raise UserError(f"--epochs and --batch-size must be >= 1 and --lr > 0, got {cfg.epochs}, {cfg.batch_size}, "
-                        f"{cfg.lr}")  # fmt: skip
+        raise UserError(
+            f"--epochs and --batch-size must be >= 1 and --lr > 0, got {cfg.epochs}, {cfg.batch_size}, {cfg.lr}"
+        )
     return cfg
 
 
@@ -100,15 +107,18 @@ def _diff(old: Any, new: Any, where: str) -> list[str]:
     return [] if json.dumps(old, default=str) == json.dumps(new, default=str) else [where.lstrip(".")]
 
 
-def resume_changes(req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_cfg: TrainerConfig,
-                   stored: dict[str, Any]) -> list[str]:  # fmt: skip
+def resume_changes(
+    req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_cfg: TrainerConfig, stored: dict[str, Any]
+) -> list[str]:
     """The fields in which a request differs from the run whose config.json is `stored` (nothing written)."""
     trainer_now = {k: v for k, v in dataclasses.asdict(train_cfg).items() if k not in FREE_ON_RESUME}
     trainer_then = {k: v for k, v in stored.get("trainer", {}).items() if k not in FREE_ON_RESUME}
-    changed = (_diff(stored.get("controller"), req.controller, "controller")
-               + _diff(stored.get("controller_config"), config_to_dict(model_cfg), "controller_config")
-               + _diff(stored.get("data"), json.loads(json.dumps(data.fingerprint, default=str)), "data")
-               + _diff(trainer_then, json.loads(json.dumps(trainer_now, default=str)), "trainer"))  # fmt: skip
+    changed = (
+        _diff(stored.get("controller"), req.controller, "controller")
+        + _diff(stored.get("controller_config"), config_to_dict(model_cfg), "controller_config")
+        + _diff(stored.get("data"), json.loads(json.dumps(data.fingerprint, default=str)), "data")
+        + _diff(trainer_then, json.loads(json.dumps(trainer_now, default=str)), "trainer")
+    )
     if stored.get("trainer", {}).get("epochs", 0) > train_cfg.epochs:
         changed.append("trainer.epochs (fewer than the run already planned)")
     return changed
@@ -125,9 +135,11 @@ def check_resume(req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_
     changed = resume_changes(req, data, model_cfg, train_cfg, stored)
     if changed and not req.resume_with_changes:
         shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-        raise UserError(f"{req.out} holds a run with other settings than this command ({shown}): rerun the run's "
-                        "own command to continue it, pass --resume-with-changes to continue it with these changes "
-                        "recorded, or choose another --out")  # fmt: skip
+        raise UserError(
+            f"{req.out} holds a run with other settings than this command ({shown}): rerun the run's "
+            "own command to continue it, pass --resume-with-changes to continue it with these changes "
+            "recorded, or choose another --out"
+        )
     grew = train_cfg.epochs > stored.get("trainer", {}).get("epochs", train_cfg.epochs)
     if grew:  # the schedule is planned over the new total from here on (drive/learn/trainer.py)
         stored.setdefault("trainer", {})["epochs"] = train_cfg.epochs
@@ -155,10 +167,19 @@ def train_and_evaluate(req: TrainRequest) -> dict[str, Any]:
         print(f"{req.out}: the run finished {ran} epochs; --epochs {train_cfg.epochs} extends it")
     torch.manual_seed(req.seed)
     model = model_cfg.build()
-    info = CheckpointInfo(name=req.controller, config=config_to_dict(model_cfg), data=dict(data.fingerprint),
-                          target_names=tuple(data.target_names),
-                          extra={"command": portable_command(req.command), "task": data.name, "seed": req.seed,
-                                 **req.extra, **({"resumed_with_changes": changes} if changes else {})})  # fmt: skip
+    info = CheckpointInfo(
+        name=req.controller,
+        config=config_to_dict(model_cfg),
+        data=dict(data.fingerprint),
+        target_names=tuple(data.target_names),
+        extra={
+            "command": portable_command(req.command),
+            "task": data.name,
+            "seed": req.seed,
+            **req.extra,
+            **({"resumed_with_changes": changes} if changes else {}),
+        },
+    )
     n_params = sum(p.numel() for p in model.parameters())
     print(f"training {req.controller} ({n_params:,} parameters) on task {data.name} -> {req.out}")
     t0 = time.perf_counter()
@@ -185,16 +206,20 @@ def follow(req: TrainRequest) -> None:
     keeps it in step with rank 0, which checks, writes and evaluates everything)."""
     data, model_cfg, train_cfg = prepare(req)
     config = Path(req.out) / "config.json"
-    same = not req.resume or not config.is_file() or not resume_changes(req, data, model_cfg, train_cfg,
-                                                                        json.loads(config.read_text()))  # fmt: skip
+    same = (
+        not req.resume
+        or not config.is_file()
+        or not resume_changes(req, data, model_cfg, train_cfg, json.loads(config.read_text()))
+    )
     if same and completed(req, train_cfg) is not None:  # rank 0 trains nothing either
         return
     torch.manual_seed(req.seed)
     fit(model_cfg.build(), data.train, data.val, train_cfg, req.out, CheckpointInfo(req.controller, {}))
 
 
-def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConfig, req: TrainRequest,
-                 train_s: float, n_params: int) -> dict[str, Any]:  # fmt: skip
+def evaluate_run(
+    result: FitResult, data: tasks.TaskData, train_cfg: TrainerConfig, req: TrainRequest, train_s: float, n_params: int
+) -> dict[str, Any]:
     model, _ = checkpoint.load_controller(result.best_path)  # evaluate exactly what was saved
     model.to(req.device)
     pred, y = predict_dataset(model, data.val, train_cfg.batch_size, None, req.seed, req.device)
@@ -204,12 +229,24 @@ def evaluate_run(result: FitResult, data: tasks.TaskData, train_cfg: TrainerConf
     out = Path(req.out)  # plots named relative to the run directory: metrics.json stores no machine's path
     plots = [_relative(Path(p), out) for p in data.plots(model, out)] if data.plots is not None else []
     best = next((row for row in result.history if row["epoch"] == result.best_epoch), {})
-    fit_report = {"best_epoch": result.best_epoch, "select": train_cfg.select,
-                  "best_val_score": best.get(train_cfg.select, math.nan), "best_val_nll": result.best_val_nll,
-                  "epochs_run": result.epochs_run, "stopped_early": result.stopped_early, "train_seconds": train_s,
-                  "eval_seconds": time.perf_counter() - t1, "n_parameters": n_params}  # fmt: skip
-    report = {"task": data.name, "controller": req.controller, "fit": fit_report,
-              "val": metrics.regression_report(pred, y), **evaluation}  # fmt: skip
+    fit_report = {
+        "best_epoch": result.best_epoch,
+        "select": train_cfg.select,
+        "best_val_score": best.get(train_cfg.select, math.nan),
+        "best_val_nll": result.best_val_nll,
+        "epochs_run": result.epochs_run,
+        "stopped_early": result.stopped_early,
+        "train_seconds": train_s,
+        "eval_seconds": time.perf_counter() - t1,
+        "n_parameters": n_params,
+    }
+    report = {
+        "task": data.name,
+        "controller": req.controller,
+        "fit": fit_report,
+        "val": metrics.regression_report(pred, y),
+        **evaluation,
+    }
     if plots:
         report["plots"] = plots
     return report
@@ -227,8 +264,13 @@ def save_predictions(path: Path, model: Any, dataset: Any, batch_size: int, seed
     that pool runs (reliability diagrams, PIT histograms) without reloading models."""
     pred, y = predict_dataset(model, dataset, batch_size, None, seed, device)
     buf = io.BytesIO()
-    np.savez_compressed(buf, mean=pred.mean.numpy(), aleatoric_var=pred.aleatoric_var.numpy(),
-                        epistemic_var=pred.epistemic_var.numpy(), y=y.numpy())  # fmt: skip
+    np.savez_compressed(
+        buf,
+        mean=pred.mean.numpy(),
+        aleatoric_var=pred.aleatoric_var.numpy(),
+        epistemic_var=pred.epistemic_var.numpy(),
+        y=y.numpy(),
+    )
     atomic_write(path, buf.getvalue())
 
 
@@ -236,11 +278,15 @@ def summary(report: dict) -> str:
     fit_report = report["fit"]
     select = fit_report.get("select", "val_nll")  # metrics.json written before the field: selected on val_nll
     score = fit_report.get("best_val_score", fit_report["best_val_nll"])
-    lines = [f"{report['controller']} on {report['task']}: best epoch {fit_report['best_epoch']} of "
-             f"{fit_report['epochs_run']} (selected on {select.replace('_', ' ')} {score:.5g}), "
-             f"{fit_report['train_seconds']:.0f} s"]  # fmt: skip
+    lines = [
+        f"{report['controller']} on {report['task']}: best epoch {fit_report['best_epoch']} of "
+        f"{fit_report['epochs_run']} (selected on {select.replace('_', ' ')} {score:.5g}), "
+        f"{fit_report['train_seconds']:.0f} s"
+    ]
     for split, values in report.items():
         if isinstance(values, dict) and all(k in values for k in ("mse", "nll", "crps", "ece")):
-            lines.append(f"  {split:<14} mse {values['mse']:.5f}  nll {values['nll']:8.4f}  "
-                         f"crps {values['crps']:.4f}  ece {values['ece']:.4f}")  # fmt: skip
+            lines.append(
+                f"  {split:<14} mse {values['mse']:.5f}  nll {values['nll']:8.4f}  "
+                f"crps {values['crps']:.4f}  ece {values['ece']:.4f}"
+            )
     return "\n".join(lines)

@@ -158,8 +158,15 @@ def _onnx_bytes(module: nn.Module, x: Tensor) -> tuple[bytes, str]:
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(module, (x,), dynamo=True, input_names=["x"], output_names=list(OUTPUTS),
-                                        verbose=False, dynamic_shapes=({0: torch.export.Dim("batch")},))  # fmt: skip
+            program = torch.onnx.export(
+                module,
+                (x,),
+                dynamo=True,
+                input_names=["x"],
+                output_names=list(OUTPUTS),
+                verbose=False,
+                dynamic_shapes=({0: torch.export.Dim("batch")},),
+            )
         return program.model_proto.SerializeToString(), "dynamo"
     except Exception as exc:  # noqa: BLE001 - any exporter failure: try the other exporter, then report both
         first = _short(exc)
@@ -169,8 +176,16 @@ def _onnx_bytes(module: nn.Module, x: Tensor) -> tuple[bytes, str]:
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice, every call
-            torch.onnx.export(module, (x,), buf, dynamo=False, opset_version=OPSET, input_names=["x"],
-                              output_names=list(OUTPUTS), dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+            torch.onnx.export(
+                module,
+                (x,),
+                buf,
+                dynamo=False,
+                opset_version=OPSET,
+                input_names=["x"],
+                output_names=list(OUTPUTS),
+                dynamic_axes={"x": {0: "batch"}},
+            )
         return buf.getvalue(), "torchscript-exporter"
     except Exception as second:  # noqa: BLE001
         raise ExportError(f"ONNX export failed: dynamo: {first}; TorchScript-based: {_short(second)}") from None
@@ -197,8 +212,9 @@ def _short(exc: Exception) -> str:
     return f"{type(exc).__name__}: {lines[0][:160] if lines else ''}"
 
 
-def export(model: Controller, encoder: EncoderConfig, fmt: str, out: Path, pass_: str = "mean",
-           n_samples: int = 32) -> str:  # fmt: skip
+def export(
+    model: Controller, encoder: EncoderConfig, fmt: str, out: Path, pass_: str = "mean", n_samples: int = 32
+) -> str:
     """Write the pass in `fmt` to `out` (atomically); returns the exporter used."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: choose one of {FORMATS}")
@@ -226,8 +242,10 @@ def require_onnx() -> None:
         import onnxruntime  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError as exc:
-        raise UserError(f"--format onnx needs onnx, onnxscript and onnxruntime ({exc.name or 'one'} is missing): "
-                        "pip install -e '.[export]' (the `export` extra)") from None  # fmt: skip
+        raise UserError(
+            f"--format onnx needs onnx, onnxscript and onnxruntime ({exc.name or 'one'} is missing): "
+            "pip install -e '.[export]' (the `export` extra)"
+        ) from None
 
 
 def run_exported(path: Path, fmt: str, x: Tensor) -> list[np.ndarray]:
@@ -241,8 +259,15 @@ def run_exported(path: Path, fmt: str, x: Tensor) -> list[np.ndarray]:
         return [t.numpy() for t in torch.jit.load(str(path))(x)]
 
 
-def check(model: Controller, encoder: EncoderConfig, path: Path, fmt: str, pass_: str = "mean",
-          n_samples: int = 32, seed: int = 1) -> Check:  # fmt: skip
+def check(
+    model: Controller,
+    encoder: EncoderConfig,
+    path: Path,
+    fmt: str,
+    pass_: str = "mean",
+    n_samples: int = 32,
+    seed: int = 1,
+) -> Check:
     """The exported file against PyTorch on a fresh batch of 7 (another batch size than the export's)."""
     module = wrap(model.eval(), pass_, n_samples)
     x = example_input(encoder, batch=7, seed=seed)

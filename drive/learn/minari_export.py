@@ -37,9 +37,16 @@ def _buffer(episode, index: int):
     # one info per observation, as Minari stores them: step t's beside obs t, the last repeated beside obs T
     # (Minari 0.5's arrow reader cannot decode per-step scalars: progress and speed are stored (T + 1, 1))
     infos = {key: np.concatenate([v, v[-1:]]).astype(np.float32).reshape(n + 1, -1) for key, v in steps.items()}
-    return EpisodeBuffer(id=index, seed=int(episode.seed), observations=observations,
-                         actions=episode.action.astype(np.float32), rewards=list(map(float, episode.reward)),
-                         terminations=list(terminated), truncations=list(truncated), infos=infos)  # fmt: skip
+    return EpisodeBuffer(
+        id=index,
+        seed=int(episode.seed),
+        observations=observations,
+        actions=episode.action.astype(np.float32),
+        rewards=list(map(float, episode.reward)),
+        terminations=list(terminated),
+        truncations=list(truncated),
+        infos=infos,
+    )
 
 
 def export_minari(data: Path, out: Path, dataset_id: str) -> Path:
@@ -63,13 +70,16 @@ def export_minari(data: Path, out: Path, dataset_id: str) -> Path:
     try:
         buffers = [_buffer(episode, i) for i, episode in enumerate(demos)]
         minari.create_dataset_from_buffers(
-            dataset_id, buffers, observation_space=observation_space, action_space=action_space,
+            dataset_id,
+            buffers,
+            observation_space=observation_space,
+            action_space=action_space,
             algorithm_name=f"drive collect (expert {demos.settings['expert']}, "
-                           f"DART noise {demos.settings['action_noise']})",
+            f"DART noise {demos.settings['action_noise']})",
             description=f"drive demonstrations from {portable(str(Path(data).resolve()))}: frame stacks of {k} coded "
-                        f"frames ({demos.frame_coding}); infos['label'] is the clean expert action",
+            f"frames ({demos.frame_coding}); infos['label'] is the clean expert action",
             data_format="arrow",
-        )  # fmt: skip
+        )
     except ValueError as exc:
         shutil.rmtree(target, ignore_errors=True)  # no half-written dataset left behind
         raise UserError(f"minari: {exc}") from None

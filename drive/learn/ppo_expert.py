@@ -36,9 +36,15 @@ log = logging.getLogger(__name__)
 def policy_config(cfg: PPOExpertOptions, clip_obs: float = 10.0, obs_eps: float = 1e-8) -> PPOPolicyConfig:
     """The exported policy's config from the training options (and the VecNormalize constants)."""
     return PPOPolicyConfig(
-        obs_dim=STATE_DIM, hidden=tuple(cfg.hidden), activation="tanh", brake_scale=cfg.brake_scale,
-        action_mode=cfg.action_mode, speed_index=IDX["speed"], clip_obs=clip_obs, obs_eps=obs_eps,
-    )  # fmt: skip
+        obs_dim=STATE_DIM,
+        hidden=tuple(cfg.hidden),
+        activation="tanh",
+        brake_scale=cfg.brake_scale,
+        action_mode=cfg.action_mode,
+        speed_index=IDX["speed"],
+        clip_obs=clip_obs,
+        obs_eps=obs_eps,
+    )
 
 
 def export_policy(model: Any, vecnorm: Any, cfg: PPOExpertOptions) -> tuple[PPOPolicy, PPOPolicyConfig]:
@@ -54,10 +60,15 @@ def export_policy(model: Any, vecnorm: Any, cfg: PPOExpertOptions) -> tuple[PPOP
 
 def save_expert(path: Path, policy: PPOPolicy, pcfg: PPOPolicyConfig, metrics: dict, extra: dict) -> Path:
     return checkpoint.save(
-        path, kind="expert", name="ppo", config={**pcfg.to_dict(), "state_names": list(STATE_NAMES)},
-        module=policy, normalisation={"obs_mean": policy.obs_mean.tolist(), "obs_var": policy.obs_var.tolist()},
-        metrics=metrics, extra=extra,
-    )  # fmt: skip
+        path,
+        kind="expert",
+        name="ppo",
+        config={**pcfg.to_dict(), "state_names": list(STATE_NAMES)},
+        module=policy,
+        normalisation={"obs_mean": policy.obs_mean.tolist(), "obs_var": policy.obs_var.tolist()},
+        metrics=metrics,
+        extra=extra,
+    )
 
 
 def held_out_returns(expert: Any, seeds: list[int], mode: str = "state", max_episode_steps: int = 1000) -> list[dict]:
@@ -126,13 +137,27 @@ def _ppo(cfg: PPOExpertOptions, run_dir: Path, last_zip: Path, last_norm: Path) 
     venv = VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=cfg.gamma)
     lr0, lr1 = cfg.lr, cfg.lr_final
     model = PPO(
-        "MlpPolicy", venv, learning_rate=lambda p: lr1 + p * (lr0 - lr1), n_steps=cfg.n_steps,
-        batch_size=cfg.batch_size, n_epochs=cfg.n_epochs, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
-        clip_range=cfg.clip_range, ent_coef=cfg.ent_coef, use_sde=cfg.use_sde, sde_sample_freq=4,
-        policy_kwargs=dict(net_arch=dict(pi=list(cfg.hidden), vf=list(cfg.hidden)),
-                           activation_fn=torch.nn.Tanh, log_std_init=cfg.log_std_init),
-        seed=cfg.seed, device="cpu", verbose=0,
-    )  # fmt: skip
+        "MlpPolicy",
+        venv,
+        learning_rate=lambda p: lr1 + p * (lr0 - lr1),
+        n_steps=cfg.n_steps,
+        batch_size=cfg.batch_size,
+        n_epochs=cfg.n_epochs,
+        gamma=cfg.gamma,
+        gae_lambda=cfg.gae_lambda,
+        clip_range=cfg.clip_range,
+        ent_coef=cfg.ent_coef,
+        use_sde=cfg.use_sde,
+        sde_sample_freq=4,
+        policy_kwargs=dict(
+            net_arch=dict(pi=list(cfg.hidden), vf=list(cfg.hidden)),
+            activation_fn=torch.nn.Tanh,
+            log_std_init=cfg.log_std_init,
+        ),
+        seed=cfg.seed,
+        device="cpu",
+        verbose=0,
+    )
     return model, venv, history
 
 
@@ -140,8 +165,9 @@ class _Selector:
     """Scores the deterministic policy on the held-out tracks, keeps the curve and the resumable state, exports the
     best by mean + min_weight * min."""
 
-    def __init__(self, cfg: PPOExpertOptions, seeds: list[int], model: Any, venv: Any, history: list[dict],
-                 command: str):  # fmt: skip
+    def __init__(
+        self, cfg: PPOExpertOptions, seeds: list[int], model: Any, venv: Any, history: list[dict], command: str
+    ):
         self.cfg, self.seeds, self.model, self.venv = cfg, seeds, model, venv
         self.history, self.command = history, command
         self.run_dir = Path(cfg.run_dir)
@@ -156,16 +182,24 @@ class _Selector:
         score = s["mean"] + cfg.min_weight * s["min"]
         row = {"steps": int(model.num_timesteps), "wall_s": round(time.time() - self.t0, 1), **s, "score": score}
         self.history.append(row)
-        print(f"[eval] {row['steps']:>9d} steps  held-out mean {s['mean']:7.1f}  std {s['std']:6.1f}  "
-              f"min {s['min']:7.1f}  score {score:7.1f}  ({row['wall_s']:.0f}s)", flush=True)  # fmt: skip
+        print(
+            f"[eval] {row['steps']:>9d} steps  held-out mean {s['mean']:7.1f}  std {s['std']:6.1f}  "
+            f"min {s['min']:7.1f}  score {score:7.1f}  ({row['wall_s']:.0f}s)",
+            flush=True,
+        )
         _write_curve(self.run_dir, self.history)
         model.save(str(self.run_dir / "sb3_last.zip"))
         self.venv.save(str(self.run_dir / "vecnorm_last.pkl"))
         if score > self.best:
             self.best = score
             metrics = {f"heldout_{k}": float(v) for k, v in s.items()}
-            extra = {"command": self.command, "steps": row["steps"], "seed": cfg.seed, "eval_seeds": cfg.eval_seeds,
-                     "wall_s": row["wall_s"]}  # fmt: skip
+            extra = {
+                "command": self.command,
+                "steps": row["steps"],
+                "seed": cfg.seed,
+                "eval_seeds": cfg.eval_seeds,
+                "wall_s": row["wall_s"],
+            }
             save_expert(self.run_dir / "expert_best.pt", policy, pcfg, metrics, extra)
             save_expert(self.out, policy, pcfg, metrics, extra)
             print(f"[eval] new best -> {self.out}", flush=True)
@@ -214,8 +248,12 @@ def train_expert(cfg: PPOExpertOptions, seeds: list[int], command: str = "") -> 
     remaining = cfg.total_steps - model.num_timesteps
     if remaining > 0:
         model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default makes an empty /tmp/SB3-* per run
-        model.learn(remaining, callback=_callback(cfg, model, venv, evaluate), progress_bar=True,
-                    reset_num_timesteps=not cfg.resume)  # fmt: skip
+        model.learn(
+            remaining,
+            callback=_callback(cfg, model, venv, evaluate),
+            progress_bar=True,
+            reset_num_timesteps=not cfg.resume,
+        )
     if not history or history[-1]["steps"] != model.num_timesteps:
         evaluate()
     venv.close()

@@ -66,9 +66,11 @@ def load_steering_model(path: str | Path) -> tuple[Any, dict[str, Any], float, s
     model, payload = load_controller(path)
     encoder, out_dim = payload["config"].get("encoder", {}), payload["config"].get("out_dim")
     if encoder.get("kind") != "nvidia" or out_dim != 1:
-        raise CheckpointError(f"{path}: a controller for {encoder.get('kind')!r} input with {out_dim} output(s); "
-                              "scoring a driving log needs one trained on Udacity frames (drive train --data "
-                              "udacity:DIR)")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: a controller for {encoder.get('kind')!r} input with {out_dim} output(s); "
+            "scoring a driving log needs one trained on Udacity frames (drive train --data "
+            "udacity:DIR)"
+        )
     data = payload.get("data", {})
     if "train_mean_steering" in data:
         return model, payload, float(data["train_mean_steering"]), "checkpoint data.train_mean_steering"
@@ -108,17 +110,34 @@ def score(y: np.ndarray, pred: Prediction, train_mean: float) -> dict[str, Any]:
     target = torch.as_tensor(y, dtype=torch.float32).reshape(-1, 1)
     report = metrics.regression_report(pred, target)
     mse_mean = metrics.mse(np.full(target.shape, train_mean), target)
-    return {"n_frames": int(len(y)), "mse": report["mse"], "mae": report["mae"], "nll": report["nll"],
-            "crps": report["crps"], "coverage90": report["coverage_90"], "width90": report["width_90"],
-            "ece": report["ece"], "mse_mean_predictor": mse_mean,
-            "mse_ratio": report["mse"] / mse_mean if mse_mean > 0 else math.inf,
-            "coverage50": report["coverage_50"], "pit_w1": report["pit_w1"],
-            "aleatoric_var": report["aleatoric_var"], "epistemic_var": report["epistemic_var"]}  # fmt: skip
+    return {
+        "n_frames": int(len(y)),
+        "mse": report["mse"],
+        "mae": report["mae"],
+        "nll": report["nll"],
+        "crps": report["crps"],
+        "coverage90": report["coverage_90"],
+        "width90": report["width_90"],
+        "ece": report["ece"],
+        "mse_mean_predictor": mse_mean,
+        "mse_ratio": report["mse"] / mse_mean if mse_mean > 0 else math.inf,
+        "coverage50": report["coverage_50"],
+        "pit_w1": report["pit_w1"],
+        "aleatoric_var": report["aleatoric_var"],
+        "epistemic_var": report["epistemic_var"],
+    }
 
 
-def evaluate_recordings(ckpt: str | Path, data: str, *, n_samples: int | None = None, seed: int = 0,
-                        batch_size: int = 256, skip_bad: bool = False,
-                        progress: bool = True) -> tuple[dict[str, Any], list[Scored]]:  # fmt: skip
+def evaluate_recordings(
+    ckpt: str | Path,
+    data: str,
+    *,
+    n_samples: int | None = None,
+    seed: int = 0,
+    batch_size: int = 256,
+    skip_bad: bool = False,
+    progress: bool = True,
+) -> tuple[dict[str, Any], list[Scored]]:
     """Score a checkpoint on every frame of the recordings; returns (results, per-recording scored frames)."""
     paths = parse_data(data)
     if batch_size < 1:
@@ -138,11 +157,21 @@ def evaluate_recordings(ckpt: str | Path, data: str, *, n_samples: int | None = 
         per[str(log_.path)] = score(log_.steering[rows], pred, train_mean)
     y = np.concatenate([s.y for s in scored])
     pooled = Prediction(*(torch.cat(ts) for ts in zip(*(s.pred for s in scored), strict=True)))
-    results = {"checkpoint": str(ckpt), "controller": payload["name"], "data": [str(p) for p in paths],
-               **score(y, pooled, train_mean), "train_mean_steering": train_mean, "train_mean_origin": origin,
-               "n_samples": n_samples, "seed": seed, "skipped_rows": len(skipped), "skipped": skipped[:100],
-               "trained_on": [r.get("path") for r in payload.get("data", {}).get("recordings", [])]
-               or [payload.get("data", {}).get("path")], "wall_s": time.perf_counter() - start}  # fmt: skip
+    results = {
+        "checkpoint": str(ckpt),
+        "controller": payload["name"],
+        "data": [str(p) for p in paths],
+        **score(y, pooled, train_mean),
+        "train_mean_steering": train_mean,
+        "train_mean_origin": origin,
+        "n_samples": n_samples,
+        "seed": seed,
+        "skipped_rows": len(skipped),
+        "skipped": skipped[:100],
+        "trained_on": [r.get("path") for r in payload.get("data", {}).get("recordings", [])]
+        or [payload.get("data", {}).get("path")],
+        "wall_s": time.perf_counter() - start,
+    }
     if len(paths) > 1:
         results["per_recording"] = per
     return results, scored
@@ -173,8 +202,15 @@ def plot_recording(scored: list[Scored], path: Path, title: str = "") -> Path:
         std = np.sqrt((s.pred.aleatoric_var + s.pred.epistemic_var)[:, 0].numpy().astype(np.float64))
         for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(t)], strict=True):
             sl = slice(lo, hi)
-            ax.fill_between(t[sl], (mean - 2 * std)[sl], (mean + 2 * std)[sl], color="tab:blue", alpha=0.25, lw=0,
-                            label="predicted ± 2σ" if lo == 0 else None)  # fmt: skip
+            ax.fill_between(
+                t[sl],
+                (mean - 2 * std)[sl],
+                (mean + 2 * std)[sl],
+                color="tab:blue",
+                alpha=0.25,
+                lw=0,
+                label="predicted ± 2σ" if lo == 0 else None,
+            )
             ax.plot(t[sl], s.y[sl], color="k", lw=0.8, label="recorded" if lo == 0 else None)
             ax.plot(t[sl], mean[sl], color="tab:blue", lw=1.0, label="predicted mean" if lo == 0 else None)
         for b in breaks:

@@ -20,10 +20,15 @@ def get_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
     return {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "python": random.getstate(),
-    }  # fmt: skip
+    }
 
 
 def set_state(state: dict[str, Any]) -> None:

@@ -103,8 +103,15 @@ class SAPredictor:
     """`predict` of the controller under SA at concentration nu: M stochastic passes of the deterministic pass,
     combined by the law of total variance, in original units. Must be used inside `_cached_encoders`."""
 
-    def __init__(self, model: nn.Module, tokens: Callable[[Tensor], Tensor], nu: int, n_passes: int,
-                 batch_size: int, head_variance: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        tokens: Callable[[Tensor], Tensor],
+        nu: int,
+        n_passes: int,
+        batch_size: int,
+        head_variance: bool = False,
+    ):
         self.model, self.tokens = model, tokens
         self.nu, self.n_passes, self.batch_size = nu, n_passes, batch_size
         self.head_variance = head_variance
@@ -134,8 +141,10 @@ def _calibration_batch(val: Any, n_frames: int) -> tuple[Tensor, Tensor]:
 def test_report(predictor: Any, test: Any, target_names: tuple[str, ...], batch_size: int, seed: int) -> dict:
     """The regression report over the test split, overall and per target."""
     pred, y = predict_dataset(predictor, test, batch_size, None, seed)
-    per_target = {name: metrics.regression_report(type(pred)(*(t[:, d : d + 1] for t in pred)), y[:, d : d + 1])
-                  for d, name in enumerate(target_names)}  # fmt: skip
+    per_target = {
+        name: metrics.regression_report(type(pred)(*(t[:, d : d + 1] for t in pred)), y[:, d : d + 1])
+        for d, name in enumerate(target_names)
+    }
     return {**metrics.regression_report(pred, y), "per_target": per_target}
 
 
@@ -148,8 +157,14 @@ def _progress_over_evaluations(show: bool, total: int) -> Iterator[None]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     sa_log = logging.getLogger("agents.sa")
-    with Progress(TextColumn("SA nu search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), transient=False) as bar:  # fmt: skip
+    with Progress(
+        TextColumn("SA nu search"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        transient=False,
+    ) as bar:
         task = bar.add_task("", total=total)
 
         class _Advance(logging.Handler):
@@ -200,24 +215,44 @@ def calibrate(opts: SAOptions) -> dict:
             return _chunked(m, t, opts.batch_size).mean
 
         with _progress_over_evaluations(opts.progress, MAX_EVALS):
-            result = calibrate_nu(model, t_cal, y_std, forward=forward, n_passes=opts.passes, nu_bounds=NU_BOUNDS,
-                                  max_evals=MAX_EVALS, seed=opts.seed)  # fmt: skip
+            result = calibrate_nu(
+                model,
+                t_cal,
+                y_std,
+                forward=forward,
+                n_passes=opts.passes,
+                nu_bounds=NU_BOUNDS,
+                max_evals=MAX_EVALS,
+                seed=opts.seed,
+            )
         predictor = SAPredictor(model, tokens, result.nu, opts.passes, opts.batch_size)
         with_sa = test_report(predictor, data.test, data.target_names, opts.batch_size, opts.seed)
         predictor.head_variance = True
         with_head = test_report(predictor, data.test, data.target_names, opts.batch_size, opts.seed)
     return {
-        "ckpt": str(opts.ckpt), "controller": name, "task": data.name, "nu": result.nu,
+        "ckpt": str(opts.ckpt),
+        "controller": name,
+        "task": data.name,
+        "nu": result.nu,
         "nu_bounds": list(result.nu_bounds),
         "curve": [[c["nu"], c["loss"], c["dispersion"]] for c in result.curve],
-        "curve_columns": ["nu", "loss", "dispersion"], "wall_time_s": result.wall_time_s, "n_evals": result.n_evals,
-        "converged": result.converged, "at_bound": result.at_bound, "n_extensions": result.n_extensions,
+        "curve_columns": ["nu", "loss", "dispersion"],
+        "wall_time_s": result.wall_time_s,
+        "n_evals": result.n_evals,
+        "converged": result.converged,
+        "at_bound": result.at_bound,
+        "n_extensions": result.n_extensions,
         "encode_s": encode_s,
-        "total_s": time.perf_counter() - start, "target_dispersion": result.target_dispersion,
-        "slope": result.slope, "intercept": result.intercept, "n_passes": opts.passes, "seed": opts.seed,
-        "n_calibration": len(x_cal), "n_test": len(data.test), "test": {"without_sa": without, "with_sa": with_sa,
-                                                            "with_sa_plus_head": with_head},
-    }  # fmt: skip
+        "total_s": time.perf_counter() - start,
+        "target_dispersion": result.target_dispersion,
+        "slope": result.slope,
+        "intercept": result.intercept,
+        "n_passes": opts.passes,
+        "seed": opts.seed,
+        "n_calibration": len(x_cal),
+        "n_test": len(data.test),
+        "test": {"without_sa": without, "with_sa": with_sa, "with_sa_plus_head": with_head},
+    }
 
 
 def plot_curve(result: dict, path: Path) -> None:

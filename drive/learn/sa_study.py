@@ -80,10 +80,16 @@ def native_report(pred: Predictive, y: Tensor) -> dict[str, float]:
     pit = empirical_pit(s, y)
     err = pred.point.double() - y
     var = s.var(0, unbiased=False)
-    report = {"n": int(y.numel()), "nrmse": err.pow(2).mean().sqrt().item(), "mse": err.pow(2).mean().item(),
-              "mae": err.abs().mean().item(), "nll": metrics.gaussian_nll(s.mean(0), var.clamp_min(STD_FLOOR**2), y),
-              "crps": metrics.crps_ensemble(s, y), "pit_w1": metrics.pit_wasserstein(pit),
-              "ece": float(np.mean([abs(np.mean(pit <= p) - p) for p in metrics.ECE_LEVELS]))}  # fmt: skip
+    report = {
+        "n": int(y.numel()),
+        "nrmse": err.pow(2).mean().sqrt().item(),
+        "mse": err.pow(2).mean().item(),
+        "mae": err.abs().mean().item(),
+        "nll": metrics.gaussian_nll(s.mean(0), var.clamp_min(STD_FLOOR**2), y),
+        "crps": metrics.crps_ensemble(s, y),
+        "pit_w1": metrics.pit_wasserstein(pit),
+        "ece": float(np.mean([abs(np.mean(pit <= p) - p) for p in metrics.ECE_LEVELS])),
+    }
     report["rmse"] = report["nrmse"]
     ordered = s.sort(0).values
     for level in INTERVALS:
@@ -94,13 +100,18 @@ def native_report(pred: Predictive, y: Tensor) -> dict[str, float]:
     return report
 
 
-def conformal_curve(cal: Predictive, y_cal: Tensor, test: Predictive, y_test: Tensor,
-                    levels: tuple[float, ...] = CURVE_LEVELS) -> dict[str, list[float]]:  # fmt: skip
+def conformal_curve(
+    cal: Predictive, y_cal: Tensor, test: Predictive, y_test: Tensor, levels: tuple[float, ...] = CURVE_LEVELS
+) -> dict[str, list[float]]:
     """Split-conformal intervals point +- q std at each target level: test coverage, mean width, the scale."""
     c, t = (cal.point, cal.std(), y_cal), (test.point, test.std(), y_test)
     rows = [calibration.width_at_coverage(c, t, level) for level in levels]
-    return {"levels": list(levels), "coverage": [r.coverage.item() for r in rows],
-            "width": [r.width.item() for r in rows], "scale": [r.scale.item() for r in rows]}  # fmt: skip
+    return {
+        "levels": list(levels),
+        "coverage": [r.coverage.item() for r in rows],
+        "width": [r.width.item() for r in rows],
+        "scale": [r.scale.item() for r in rows],
+    }
 
 
 def width_at(curve: dict[str, list[float]], coverage: float) -> float:
@@ -121,12 +132,18 @@ def study_report(cal: Predictive, y_cal: Tensor, test: Predictive, y_test: Tenso
     scaled = Predictive(test.point + temperature * (test.samples - test.point), test.point)  # T = 1: native
     curve = conformal_curve(cal, y_cal, test, y_test)
     at95 = curve["levels"].index(0.95)
-    return {"native": native_report(test, y_test),
-            "temperature": {"T": temperature, **native_report(scaled, y_test)},
-            "conformal_95": {"coverage": curve["coverage"][at95], "width": curve["width"][at95],
-                             "scale": curve["scale"][at95]},
-            "curve": curve, "pit": empirical_pit(test.samples, y_test), "pit_temperature": empirical_pit(
-                scaled.samples, y_test)}  # fmt: skip
+    return {
+        "native": native_report(test, y_test),
+        "temperature": {"T": temperature, **native_report(scaled, y_test)},
+        "conformal_95": {
+            "coverage": curve["coverage"][at95],
+            "width": curve["width"][at95],
+            "scale": curve["scale"][at95],
+        },
+        "curve": curve,
+        "pit": empirical_pit(test.samples, y_test),
+        "pit_temperature": empirical_pit(scaled.samples, y_test),
+    }
 
 
 # -- sampling ------------------------------------------------------------------------------------------------------
@@ -145,8 +162,9 @@ def standardised_point(model: nn.Module, x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def sa_sample(model: nn.Module, x: Tensor, nu: int, n_samples: int, seed: int, forward: Forward,
-              batch: int) -> Predictive:  # fmt: skip
+def sa_sample(
+    model: nn.Module, x: Tensor, nu: int, n_samples: int, seed: int, forward: Forward, batch: int
+) -> Predictive:
     """S passes with SA at nu, centred on the deterministic output (chunks of `batch` inputs x S passes)."""
     generator = torch.Generator().manual_seed(seed)
     step = max(1, batch // n_samples)
@@ -155,17 +173,35 @@ def sa_sample(model: nn.Module, x: Tensor, nu: int, n_samples: int, seed: int, f
 
 
 @torch.no_grad()
-def sa_predictive(model: nn.Module, x_cal: Tensor, y_cal: Tensor, x_test: Tensor, *, n_samples: int, passes: int,
-                  seed: int, forward: Forward = standardised_point, batch: int = 4096,
-                  compare: bool = True) -> tuple[Predictive, Predictive, dict[str, Any]]:  # fmt: skip
+def sa_predictive(
+    model: nn.Module,
+    x_cal: Tensor,
+    y_cal: Tensor,
+    x_test: Tensor,
+    *,
+    n_samples: int,
+    passes: int,
+    seed: int,
+    forward: Forward = standardised_point,
+    batch: int = 4096,
+    compare: bool = True,
+) -> tuple[Predictive, Predictive, dict[str, Any]]:
     """nu by the default BO on (x_cal, y_cal) (standardised y); SA's predictive on both parts; the search record."""
     model.eval()
     fwd = chunked(forward, batch)
     found = calibrate_nu(model, x_cal, y_cal, forward=fwd, n_passes=passes, seed=seed)
-    record: dict[str, Any] = {"nu": found.nu, "routine": "default", "wall_time_s": found.wall_time_s,
-                              "n_evals": found.n_evals, "converged": found.converged, "at_bound": found.at_bound,
-                              "nu_bounds": list(found.nu_bounds), "n_extensions": found.n_extensions,
-                              "curve": found.curve, "target_dispersion": found.target_dispersion}  # fmt: skip
+    record: dict[str, Any] = {
+        "nu": found.nu,
+        "routine": "default",
+        "wall_time_s": found.wall_time_s,
+        "n_evals": found.n_evals,
+        "converged": found.converged,
+        "at_bound": found.at_bound,
+        "nu_bounds": list(found.nu_bounds),
+        "n_extensions": found.n_extensions,
+        "curve": found.curve,
+        "target_dispersion": found.target_dispersion,
+    }
     if compare:
         record["comparison"] = compare_routines(model, x_cal, y_cal, found.nu, passes, seed, fwd)
     t0 = time.perf_counter()
@@ -185,13 +221,26 @@ def compare_routines(model, x, y, nu_default: int, passes: int, seed: int, forwa
 
     try:
         found = calibrate_nu(model, x, y, forward=forward, n_passes=passes, seed=seed, routine="published")
-        published = {"nu": found.nu, "loss": loss(found.nu), "wall_time_s": found.wall_time_s,
-                     "n_evals": found.n_evals, "at_bound": found.at_bound}  # fmt: skip
+        published = {
+            "nu": found.nu,
+            "loss": loss(found.nu),
+            "wall_time_s": found.wall_time_s,
+            "n_evals": found.n_evals,
+            "at_bound": found.at_bound,
+        }
     except (OverflowError, np.linalg.LinAlgError) as exc:  # agents/sa_published.py on exact-zero deviations
         published = {"nu": None, "error": f"{type(exc).__name__}: {exc}"}
-    return {"default": {"nu": nu_default, "loss": loss(nu_default)}, "published": published,
-            "grid": {"nu": best.nu, "loss": best.loss, "nus": [e.nu for e in grid],
-                     "losses": [e.loss for e in grid], "dispersions": [e.dispersion for e in grid]}}  # fmt: skip
+    return {
+        "default": {"nu": nu_default, "loss": loss(nu_default)},
+        "published": published,
+        "grid": {
+            "nu": best.nu,
+            "loss": best.loss,
+            "nus": [e.nu for e in grid],
+            "losses": [e.loss for e in grid],
+            "dispersions": [e.dispersion for e in grid],
+        },
+    }
 
 
 @torch.no_grad()

@@ -79,9 +79,26 @@ def method_table(data: dict, title: str, order: tuple[str, ...], paper: dict | N
     paper: {dataset: {method: {native metric: value}}}, shown as [paper x] beside ours; its methods we did not run
     are rows of their own."""
     paper = paper or {}
-    columns = ["dataset", "method", "runs", "nRMSE", "MAE", "PIT-W1", "cov95", "width95", "width @SA cov / SA",
-               "/ SA conformal", "T", "PIT-W1 (TS)", "cov95 (TS)", "width95 (TS)", "conformal95 cov",
-               "conformal95 width", "train s", "adapt s"]  # fmt: skip
+    columns = [
+        "dataset",
+        "method",
+        "runs",
+        "nRMSE",
+        "MAE",
+        "PIT-W1",
+        "cov95",
+        "width95",
+        "width @SA cov / SA",
+        "/ SA conformal",
+        "T",
+        "PIT-W1 (TS)",
+        "cov95 (TS)",
+        "width95 (TS)",
+        "conformal95 cov",
+        "conformal95 width",
+        "train s",
+        "adapt s",
+    ]
     rows = []
     for dataset, methods in data.items():
         ratios, conformal = matched_ratios(methods), matched_ratios(methods, conformal_reference=True)
@@ -94,14 +111,28 @@ def method_table(data: dict, title: str, order: tuple[str, ...], paper: dict | N
 
             adapt = stat(s, "cost", "adaptation_s")  # SA: its search; post hoc on the same weights: 0
             adapt = stat(s, "fit", "train_seconds") if adapt is None else adapt  # a baseline's own training
-            rows.append([dataset, method, str(len(s)), ours("nrmse"), fmt(stat(s, "native", "mae")),
-                         ours("pit_w1"), ours("coverage_95", 2),
-                         fmt(stat(s, "native", "width_95")), fmt(ratios.get(method), 2),
-                         fmt(conformal.get(method), 2),
-                         fmt(stat(s, "temperature", "T"), 2), fmt(stat(s, "temperature", "pit_w1")),
-                         fmt(stat(s, "temperature", "coverage_95"), 2), fmt(stat(s, "temperature", "width_95")),
-                         fmt(stat(s, "conformal_95", "coverage"), 2), fmt(stat(s, "conformal_95", "width")),
-                         fmt(stat(s, "fit", "train_seconds"), 3), fmt(adapt, 3)])  # fmt: skip
+            rows.append(
+                [
+                    dataset,
+                    method,
+                    str(len(s)),
+                    ours("nrmse"),
+                    fmt(stat(s, "native", "mae")),
+                    ours("pit_w1"),
+                    ours("coverage_95", 2),
+                    fmt(stat(s, "native", "width_95")),
+                    fmt(ratios.get(method), 2),
+                    fmt(conformal.get(method), 2),
+                    fmt(stat(s, "temperature", "T"), 2),
+                    fmt(stat(s, "temperature", "pit_w1")),
+                    fmt(stat(s, "temperature", "coverage_95"), 2),
+                    fmt(stat(s, "temperature", "width_95")),
+                    fmt(stat(s, "conformal_95", "coverage"), 2),
+                    fmt(stat(s, "conformal_95", "width")),
+                    fmt(stat(s, "fit", "train_seconds"), 3),
+                    fmt(adapt, 3),
+                ]
+            )
         for method, values in paper.get(dataset, {}).items():
             if method not in methods:
                 cells = {"nrmse": 3, "pit_w1": 5, "coverage_95": 6}
@@ -109,18 +140,31 @@ def method_table(data: dict, title: str, order: tuple[str, ...], paper: dict | N
                 for key, col in cells.items():
                     row[col] = f"{values[key]:g}" if key in values else "-"
                 rows.append(row)
-    note = ("native = the method's own samples (SA: post hoc on the deterministic model); TS = temperature-scaled on "
-            "the calibration part; width @SA cov / SA: split-conformal width at SA's native coverage over SA's "
-            "native width (> 1: wider than SA); / SA conformal: the same over SA's own split-conformal width at that "
-            "coverage (every interval built alike); adapt s: SA's nu search, a baseline's training; units: "
-            "standardised targets (forecast: the Informer StandardScaler units)")  # fmt: skip
+    note = (
+        "native = the method's own samples (SA: post hoc on the deterministic model); TS = temperature-scaled on "
+        "the calibration part; width @SA cov / SA: split-conformal width at SA's native coverage over SA's "
+        "native width (> 1: wider than SA); / SA conformal: the same over SA's own split-conformal width at that "
+        "coverage (every interval built alike); adapt s: SA's nu search, a baseline's training; units: "
+        "standardised targets (forecast: the Informer StandardScaler units)"
+    )
     return {"title": title, "note": note, "columns": columns, "rows": rows}
 
 
 def nu_table(data: dict) -> dict[str, Any]:
     """SA's nu per dataset: the default BO, the published routine and the grid optimum, their L_SA and costs."""
-    columns = ["dataset", "runs", "nu default (BO)", "nu published", "nu grid", "L_SA pub / default",
-               "L_SA grid / default", "at bound", "BO s", "published s", "BO evals"]  # fmt: skip
+    columns = [
+        "dataset",
+        "runs",
+        "nu default (BO)",
+        "nu published",
+        "nu grid",
+        "L_SA pub / default",
+        "L_SA grid / default",
+        "at bound",
+        "BO s",
+        "published s",
+        "BO evals",
+    ]
     rows = []
     for dataset, methods in data.items():
         searches = [r["sa"] for r in methods.get("sa", {}).values() if "sa" in r]
@@ -132,21 +176,41 @@ def nu_table(data: dict) -> dict[str, Any]:
             return " ".join(str(c.get(key, {}).get("nu")) for c in cmp) if any(cmp) else "-"
 
         def ratio(key: str, cmp=cmp) -> float | None:
-            return mean([c[key]["loss"] / c["default"]["loss"] for c in cmp
-                         if c.get(key, {}).get("loss") is not None and c["default"]["loss"] > 0])  # fmt: skip
+            return mean(
+                [
+                    c[key]["loss"] / c["default"]["loss"]
+                    for c in cmp
+                    if c.get(key, {}).get("loss") is not None and c["default"]["loss"] > 0
+                ]
+            )
 
         bounds = [s["at_bound"] for s in searches if s.get("at_bound")]
-        rows.append([dataset, str(len(searches)), " ".join(str(s["nu"]) for s in searches), nus("published"),
-                     nus("grid"), fmt(ratio("published"), 2), fmt(ratio("grid"), 2),
-                     f"{len(bounds)} ({', '.join(sorted(set(bounds)))})" if bounds else "0",
-                     fmt(mean([s["wall_time_s"] for s in searches]), 2),
-                     fmt(mean([c.get("published", {}).get("wall_time_s") for c in cmp])),
-                     fmt(mean([s["n_evals"] for s in searches]), 2)])  # fmt: skip
-    note = ("every run's nu listed (one per split); L_SA of each choice re-evaluated on the whole calibration part "
-            "with the same draws (grid / default < 1: the grid found a lower L_SA); at bound: runs whose nu stayed on "
-            "an edge of the widened bracket (low: even nu = 1 disperses less than the model errs)")  # fmt: skip
-    return {"title": "SA's nu search: default BO vs the published routine vs a grid", "note": note,
-            "columns": columns, "rows": rows}  # fmt: skip
+        rows.append(
+            [
+                dataset,
+                str(len(searches)),
+                " ".join(str(s["nu"]) for s in searches),
+                nus("published"),
+                nus("grid"),
+                fmt(ratio("published"), 2),
+                fmt(ratio("grid"), 2),
+                f"{len(bounds)} ({', '.join(sorted(set(bounds)))})" if bounds else "0",
+                fmt(mean([s["wall_time_s"] for s in searches]), 2),
+                fmt(mean([c.get("published", {}).get("wall_time_s") for c in cmp])),
+                fmt(mean([s["n_evals"] for s in searches]), 2),
+            ]
+        )
+    note = (
+        "every run's nu listed (one per split); L_SA of each choice re-evaluated on the whole calibration part "
+        "with the same draws (grid / default < 1: the grid found a lower L_SA); at bound: runs whose nu stayed on "
+        "an edge of the widened bracket (low: even nu = 1 disperses less than the model errs)"
+    )
+    return {
+        "title": "SA's nu search: default BO vs the published routine vs a grid",
+        "note": note,
+        "columns": columns,
+        "rows": rows,
+    }
 
 
 def best_by(data: dict, metric: tuple[str, str], methods: tuple[str, ...] | None = None) -> dict[str, str]:

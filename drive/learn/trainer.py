@@ -95,28 +95,45 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
         rng.set_state(own)
     else:
         rng.seed_everything(cfg.seed + distributed.seed_offset() + state["epoch"])
-    loop = _State(state["epoch"], list(state["history"]), state["best"], state["best_epoch"], state["bad_epochs"],
-                  state["stopped"])  # fmt: skip
+    loop = _State(
+        state["epoch"],
+        list(state["history"]),
+        state["best"],
+        state["best_epoch"],
+        state["bad_epochs"],
+        state["stopped"],
+    )
     if distributed.is_main():
         rng.truncate_log(run_dir / "metrics.jsonl", loop.start)
     if distributed.is_main():
-        print(f"{run_dir}: resuming at epoch {loop.start + 1} of {cfg.epochs} ({loop.start} finished; best "
-              f"{cfg.select} {loop.best:.5g} at epoch {loop.best_epoch})", flush=True)  # fmt: skip
+        print(
+            f"{run_dir}: resuming at epoch {loop.start + 1} of {cfg.epochs} ({loop.start} finished; best "
+            f"{cfg.select} {loop.best:.5g} at epoch {loop.best_epoch})",
+            flush=True,
+        )
     return loop
 
 
 def _start(run_dir: Path, model, train, cfg: TrainerConfig, info: CheckpointInfo) -> _State:
     if (run_dir / "resume.pt").exists():
-        raise UserError(f"{run_dir} already holds a run: continue it with --resume (`drive train` does when its "
-                        "command is rerun), or use another --out")  # fmt: skip
+        raise UserError(
+            f"{run_dir} already holds a run: continue it with --resume (`drive train` does when its "
+            "command is rerun), or use another --out"
+        )
     rng.seed_everything(cfg.seed + distributed.seed_offset())
     loc, scale = fit_target_stats(train)
     model.set_target_stats(loc, scale)
     if not distributed.is_main():  # under torchrun rank 0 alone writes the run directory
         return _State()
     (run_dir / "metrics.jsonl").write_text("")
-    config = {"trainer": dataclasses.asdict(cfg), "controller": info.name, "controller_config": info.config,
-              "data": info.data, "target_names": list(info.target_names), **info.extra}  # fmt: skip
+    config = {
+        "trainer": dataclasses.asdict(cfg),
+        "controller": info.name,
+        "controller_config": info.config,
+        "data": info.data,
+        "target_names": list(info.target_names),
+        **info.extra,
+    }
     atomic_write(run_dir / "config.json", json.dumps(config, indent=2, default=str).encode())
     return _State()
 
@@ -153,8 +170,19 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
     return FitResult(loop.best_epoch, best_nll, len(loop.history), loop.stopped, loop.history, best_path, last_path)
 
 
-def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: int, loop: _State, run_dir: Path,
-           info: CheckpointInfo, writer) -> None:  # fmt: skip
+def _epoch(
+    model,
+    train,
+    val,
+    optimizer,
+    scheduler,
+    cfg: TrainerConfig,
+    epoch: int,
+    loop: _State,
+    run_dir: Path,
+    info: CheckpointInfo,
+    writer,
+) -> None:
     """One epoch: train, validate, checkpoint (last, best), log, and the atomic resume state."""
     t0 = time.perf_counter()
     train_loss = _train_epoch(model, train, optimizer, scheduler, cfg, epoch)
@@ -168,8 +196,14 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
     # does), and a resumed run must continue from the state an uninterrupted one trains the next epoch with
     rngs = [rng.get_state(), *rngs[1:]]
     val_nll, val_mse = metrics.gaussian_nll(pred.mean, pred.total_var, y), metrics.mse(pred.mean, y)
-    row = {"epoch": epoch, "train_loss": train_loss, "val_nll": val_nll, "val_mse": val_mse,
-           "lr": optimizer.param_groups[0]["lr"], "seconds": time.perf_counter() - t0}  # fmt: skip
+    row = {
+        "epoch": epoch,
+        "train_loss": train_loss,
+        "val_nll": val_nll,
+        "val_mse": val_mse,
+        "lr": optimizer.param_groups[0]["lr"],
+        "seconds": time.perf_counter() - t0,
+    }
     loop.history.append(row)
     improved = row[cfg.select] < loop.best
     if improved:
@@ -186,13 +220,29 @@ def _epoch(model, train, val, optimizer, scheduler, cfg: TrainerConfig, epoch: i
         for key in ("train_loss", "val_nll", "val_mse", "lr"):
             writer.add_scalar(key.replace("_", "/", 1), row[key], epoch)
         writer.flush()
-    resume_state = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "rng": rngs[0], "rng_ranks": rngs, "history": loop.history,
-                    "best": loop.best, "best_epoch": loop.best_epoch, "bad_epochs": loop.bad_epochs,
-                    "stopped": loop.stopped}  # fmt: skip
+    resume_state = {
+        "epoch": epoch,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rngs[0],
+        "rng_ranks": rngs,
+        "history": loop.history,
+        "best": loop.best,
+        "best_epoch": loop.best_epoch,
+        "bad_epochs": loop.bad_epochs,
+        "stopped": loop.stopped,
+    }
     checkpoint.atomic_torch_save(resume_state, run_dir / "resume.pt")
-    log.info("epoch %d/%d  loss %.4f  val nll %.4f  val mse %.5f%s", epoch, cfg.epochs, train_loss, val_nll, val_mse,
-             "  *" if improved else "")  # fmt: skip
+    log.info(
+        "epoch %d/%d  loss %.4f  val nll %.4f  val mse %.5f%s",
+        epoch,
+        cfg.epochs,
+        train_loss,
+        val_nll,
+        val_mse,
+        "  *" if improved else "",
+    )
     if loop.stopped:
         log.info("early stop: no better %s for %d epochs", cfg.select, cfg.patience)
     distributed.from_main(loop.stopped)
@@ -214,10 +264,17 @@ def _train_epoch(model, train, optimizer, scheduler, cfg: TrainerConfig, epoch: 
     if hasattr(train, "set_epoch"):
         train.set_epoch(epoch)
     total, count = 0.0, 0
-    batches = iterate_batches(train, cfg.batch_size, True, epoch_generator(cfg.seed, epoch), cfg.num_workers,
-                              distributed.batch_part())  # fmt: skip
-    bar = tqdm(batches, total=n_batches(train, cfg.batch_size), desc=f"epoch {epoch}/{cfg.epochs}", leave=False,
-               disable=not cfg.progress, dynamic_ncols=True)  # fmt: skip
+    batches = iterate_batches(
+        train, cfg.batch_size, True, epoch_generator(cfg.seed, epoch), cfg.num_workers, distributed.batch_part()
+    )
+    bar = tqdm(
+        batches,
+        total=n_batches(train, cfg.batch_size),
+        desc=f"epoch {epoch}/{cfg.epochs}",
+        leave=False,
+        disable=not cfg.progress,
+        dynamic_ncols=True,
+    )
     for step, (x, y) in enumerate(bar):
         x, y = x.to(cfg.device), y.to(cfg.device).float()
         try:
@@ -245,7 +302,7 @@ def _save_checkpoint(path: Path, model, info: CheckpointInfo, row: dict[str, flo
             "y_loc": model.y_loc.tolist(),
             "y_scale": model.y_scale.tolist(),
             "target_names": list(info.target_names),
-        },  # fmt: skip
+        },
         data=info.data,
         # the epoch's scores, not its wall time (metrics.jsonl keeps that): the same run writes the same bytes
         metrics={k: float(v) for k, v in row.items() if k != "seconds"},

@@ -41,8 +41,9 @@ from drive.loop.specs import controller_policy
 log = logging.getLogger(__name__)
 
 
-def nominal_predictions(policy: ControllerPolicy, seeds: Sequence[int],
-                        env_kwargs: Mapping[str, Any]) -> dict[str, np.ndarray]:  # fmt: skip
+def nominal_predictions(
+    policy: ControllerPolicy, seeds: Sequence[int], env_kwargs: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
     """Per-step mean, aleatoric and epistemic variance (T, D) of the controller driving alone, and the shadow
     expert's action (T, D) on the same states."""
     if policy.shadow is None or policy.gate is not None:
@@ -85,10 +86,16 @@ def fit_on_laps(laps: Mapping[str, np.ndarray], coverage: float, rule: str = "la
     return t, {str(s): [float(v) for v in x] for s, x in per_lap.items()}
 
 
-def store_temperature(path: str | Path, seeds: Sequence[int], shadow: str, coverage: float = 0.9,
-                      n_samples: int | None = None, out: str | Path | None = None,
-                      env_kwargs: Mapping[str, Any] | None = None,
-                      rule: str = "lap-median") -> dict[str, Any]:  # fmt: skip
+def store_temperature(
+    path: str | Path,
+    seeds: Sequence[int],
+    shadow: str,
+    coverage: float = 0.9,
+    n_samples: int | None = None,
+    out: str | Path | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    rule: str = "lap-median",
+) -> dict[str, Any]:
     """Fit T on nominal laps over `seeds` (temperature reset to 1 first: refitting is idempotent) and write the
     checkpoint to `out` (default: in place, atomically). Returns what extra["calibration"] records."""
     env_kwargs = dict(env_kwargs or {"name": "carracing"})
@@ -106,14 +113,26 @@ def store_temperature(path: str | Path, seeds: Sequence[int], shadow: str, cover
     t2 = temperature.double().numpy() ** 2
     after = expert_agreement(laps["mean"], t2 * laps["aleatoric"] + laps["epistemic"], laps["expert"])
     model.set_aleatoric_temperature(temperature)  # type: ignore[operator]
-    record = {"temperature": [float(t) for t in temperature], "coverage": coverage, "rule": rule, "per_lap": per_lap,
-              "seeds": list(map(int, seeds)), "n_steps": int(len(laps["mean"])), "shadow": shadow,
-              "n_samples": policy.n_samples, "fitted_on": "nominal laps in closed loop, shadow expert's actions",
-              "coverage90_steer_before": before["coverage90_steer"],
-              "coverage90_steer_after": after["coverage90_steer"],
-              "nll_expert_steer_before": before["nll_expert_steer"],
-              "nll_expert_steer_after": after["nll_expert_steer"]}  # fmt: skip
+    record = {
+        "temperature": [float(t) for t in temperature],
+        "coverage": coverage,
+        "rule": rule,
+        "per_lap": per_lap,
+        "seeds": list(map(int, seeds)),
+        "n_steps": int(len(laps["mean"])),
+        "shadow": shadow,
+        "n_samples": policy.n_samples,
+        "fitted_on": "nominal laps in closed loop, shadow expert's actions",
+        "coverage90_steer_before": before["coverage90_steer"],
+        "coverage90_steer_after": after["coverage90_steer"],
+        "nll_expert_steer_before": before["nll_expert_steer"],
+        "nll_expert_steer_after": after["nll_expert_steer"],
+    }
     checkpoint.resave(payload, model, out or path, {"calibration": record})
-    log.info("aleatoric temperature %s from %d nominal steps on seeds %s", record["temperature"], record["n_steps"],
-             list(seeds))  # fmt: skip
+    log.info(
+        "aleatoric temperature %s from %d nominal steps on seeds %s",
+        record["temperature"],
+        record["n_steps"],
+        list(seeds),
+    )
     return record

@@ -92,8 +92,12 @@ def _lanes(settings: dict[str, Any], k: int) -> list[Lane]:
         return NoisyPolicy(expert, settings["action_noise"], space.low, space.high, settings["noise_seed"])  # type: ignore[attr-defined]
 
     def lane(p: Any) -> Lane:
-        return Lane(make_env(settings["env"], max_episode_steps=settings["max_episode_steps"],
-                             fast_render=settings["fast_render"]), p)  # fmt: skip
+        return Lane(
+            make_env(
+                settings["env"], max_episode_steps=settings["max_episode_steps"], fast_render=settings["fast_render"]
+            ),
+            p,
+        )
 
     return cached_lanes(_CACHE, tuple(sorted(settings.items())), k, policy, lane)
 
@@ -101,9 +105,13 @@ def _lanes(settings: dict[str, Any], k: int) -> list[Lane]:
 RecorderFactory = Callable[[dict[str, Any]], Any]
 
 
-def record_lanes(lanes: list[Lane], seeds: list[int], tick: Callable[[int], None] | None,
-                 new_recorder: Callable[[], Any], record_of: Callable[[EpisodeResult, Any], dict[str, Any]]
-                 ) -> list[dict[str, Any]]:  # fmt: skip
+def record_lanes(
+    lanes: list[Lane],
+    seeds: list[int],
+    tick: Callable[[int], None] | None,
+    new_recorder: Callable[[], Any],
+    record_of: Callable[[EpisodeResult, Any], dict[str, Any]],
+) -> list[dict[str, Any]]:
     """Drive one episode per seed on the lanes, each observed by a fresh recorder; `record_of(result, recorder)`
     writes an episode's shard the moment it ends and returns its manifest record. Records in seed order."""
     ticker = Ticker(tick)
@@ -118,16 +126,22 @@ def record_lanes(lanes: list[Lane], seeds: list[int], tick: Callable[[int], None
     return [records[seed] for seed in seeds]
 
 
-def collect_episodes(root: str, settings: dict[str, Any], seeds: list[int], tick: Callable[[int], None] | None = None,
-                     recorder: RecorderFactory | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def collect_episodes(
+    root: str,
+    settings: dict[str, Any],
+    seeds: list[int],
+    tick: Callable[[int], None] | None = None,
+    recorder: RecorderFactory | None = None,
+) -> list[dict[str, Any]]:
     """Drive one episode per seed, len(seeds) cars at once; write each shard atomically as its episode ends; return
     their manifest records. `tick(n)`: n more frames done."""
     assert recorder is not None, "collect_episodes needs the recorder factory"
 
     def record_of(result: EpisodeResult, episode: Any) -> dict[str, Any]:
         record = result.to_dict()
-        record.update(write_episode(root, result.seed, episode.arrays()),
-                      flagged=bool(result.return_ < settings["min_return"]))  # fmt: skip
+        record.update(
+            write_episode(root, result.seed, episode.arrays()), flagged=bool(result.return_ < settings["min_return"])
+        )
         return record
 
     return record_lanes(_lanes(settings, len(seeds)), seeds, tick, lambda: recorder(settings), record_of)
@@ -177,8 +191,9 @@ def intact(root: Path, episode: dict[str, Any]) -> bool:
     path = root / episode["file"]
     if path.is_file() and path.stat().st_size == episode["bytes"]:
         return True
-    log.warning("%s: listed in the manifest but missing or the wrong size; recording seed %s again", path,
-                episode["seed"])  # fmt: skip
+    log.warning(
+        "%s: listed in the manifest but missing or the wrong size; recording seed %s again", path, episode["seed"]
+    )
     return False
 
 
@@ -230,8 +245,17 @@ def collect(opts: CollectOptions, recorder: RecorderFactory) -> Summary:
             write_manifest(root, settings, list(done.values()), todo)
         k = cars_per_process(opts.envs, len(todo), opts.workers, AUTO_COLLECT_ENVS)
         tasks = [(str(root), settings, todo[i : i + k]) for i in range(0, len(todo), k)]
-        run_tasks(collect_episodes, tasks, opts.workers, finished, show=opts.progress, label="collect",
-                  extra=(recorder,), ray=opts.ray, size=episodes_in)  # fmt: skip
+        run_tasks(
+            collect_episodes,
+            tasks,
+            opts.workers,
+            finished,
+            show=opts.progress,
+            label="collect",
+            extra=(recorder,),
+            ray=opts.ray,
+            size=episodes_in,
+        )
         if not (root / MANIFEST).exists() or read_manifest(root).get("pending"):
             write_manifest(root, settings, list(done.values()))
         return Summary(root, seeds, new, len(seeds) - len(todo), time.perf_counter() - start)

@@ -92,21 +92,36 @@ class MixedPolicy:
             assert out.prediction is not None
             if not float(out.prediction.epistemic_var[0]) > self.query_threshold:
                 label = np.full_like(expert, np.nan)  # not queried: no expert label for this state
-        return PolicyOutput(expert if use_expert else out.action, label, "expert" if use_expert else "policy",
-                            out.prediction, out.internals, out.expert, out.latency_ms, out.gate, out.frame)  # fmt: skip
+        return PolicyOutput(
+            expert if use_expert else out.action,
+            label,
+            "expert" if use_expert else "policy",
+            out.prediction,
+            out.internals,
+            out.expert,
+            out.latency_ms,
+            out.gate,
+            out.frame,
+        )
 
 
 _CACHE: dict[Any, list[Lane]] = {}  # per process: settings -> its lanes (one clone), built once per worker
 
 
-def dagger_episodes(root: str, settings: dict[str, Any], seeds: list[int], tick: Callable[[int], None] | None = None,
-                    recorder: Callable[[dict[str, Any]], Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def dagger_episodes(
+    root: str,
+    settings: dict[str, Any],
+    seeds: list[int],
+    tick: Callable[[int], None] | None = None,
+    recorder: Callable[[dict[str, Any]], Any] | None = None,
+) -> list[dict[str, Any]]:
     """One DAgger episode per seed, len(seeds) cars at once (one clone call per step); each shard is written as its
     episode ends. Returns the manifest records in seed order."""
 
     def policy() -> MixedPolicy:
-        clone = controller_policy(settings["ckpt"], settings["samples"], settings["seed"], settings["expert"],
-                                  env=settings["env"])  # fmt: skip
+        clone = controller_policy(
+            settings["ckpt"], settings["samples"], settings["seed"], settings["expert"], env=settings["env"]
+        )
         return MixedPolicy(clone, settings["beta"], settings["seed"], settings.get("query_threshold"))
 
     def lane(p: Any) -> Lane:
@@ -118,8 +133,12 @@ def dagger_episodes(root: str, settings: dict[str, Any], seeds: list[int], tick:
     def record_of(result: EpisodeResult, episode: Any) -> dict[str, Any]:
         record = result.to_dict()
         arrays = episode.arrays()
-        record.update(write_episode(root, result.seed, arrays), flagged=False, dagger=True,
-                      labels=int(np.isfinite(arrays["label"]).all(1).sum()))  # fmt: skip
+        record.update(
+            write_episode(root, result.seed, arrays),
+            flagged=False,
+            dagger=True,
+            labels=int(np.isfinite(arrays["label"]).all(1).sum()),
+        )
         return record
 
     return record_lanes(lanes, seeds, tick, lambda: recorder(settings), record_of)
@@ -154,11 +173,19 @@ def validate(opts: DaggerOptions) -> tuple[dict[str, Any], list[int]]:
 
 def _plan(opts: DaggerOptions, seeds: list[int], threshold: float | None) -> dict[str, Any]:
     # paths relative to the working directory: the dataset names no folder of the machine that made it
-    return {"source": portable(str(Path(opts.data).resolve())), "ckpt": portable(str(Path(opts.ckpt).resolve())),
-            "expert": opts.expert,
-            "beta": opts.beta, "seeds": seeds, "query_quantile": opts.query_quantile, "query_threshold": threshold,
-            "samples": opts.samples, "seed": opts.seed, "max_episode_steps": opts.max_episode_steps,
-            "env": opts.env}  # fmt: skip
+    return {
+        "source": portable(str(Path(opts.data).resolve())),
+        "ckpt": portable(str(Path(opts.ckpt).resolve())),
+        "expert": opts.expert,
+        "beta": opts.beta,
+        "seeds": seeds,
+        "query_quantile": opts.query_quantile,
+        "query_threshold": threshold,
+        "samples": opts.samples,
+        "seed": opts.seed,
+        "max_episode_steps": opts.max_episode_steps,
+        "env": opts.env,
+    }
 
 
 def _resumable(root: Path, opts: DaggerOptions, seeds: list[int]) -> dict[str, Any] | None:
@@ -174,8 +201,10 @@ def _resumable(root: Path, opts: DaggerOptions, seeds: list[int]) -> dict[str, A
     new = _plan(opts, seeds, old.get("query_threshold") if isinstance(old, dict) else None)
     if not isinstance(old, dict) or {k: old.get(k) for k in new} != new:
         differ = sorted(k for k in new if not isinstance(old, dict) or old.get(k) != new[k])
-        raise UserError(f"{root} exists and holds another dataset (differs in {', '.join(differ) or 'kind'}): "
-                        "use another --out (DAgger resumes only the same command)")  # fmt: skip
+        raise UserError(
+            f"{root} exists and holds another dataset (differs in {', '.join(differ) or 'kind'}): "
+            "use another --out (DAgger resumes only the same command)"
+        )
     return manifest
 
 
@@ -190,8 +219,9 @@ def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) ->
     if opts.query_quantile is not None and threshold is None:
         cfg = FallbackConfig(signal="steer", quantile=opts.query_quantile)
         env_kwargs = {"name": opts.env, "max_episode_steps": opts.max_episode_steps}
-        threshold, origin = resolve_threshold(opts.ckpt, cfg, None, parse_seeds(opts.calibrate_seeds), opts.samples,
-                                              opts.seed, env_kwargs)  # fmt: skip
+        threshold, origin = resolve_threshold(
+            opts.ckpt, cfg, None, parse_seeds(opts.calibrate_seeds), opts.samples, opts.seed, env_kwargs
+        )
         log.info("gated DAgger: query threshold %.4g (%s)", threshold, origin)
     (root / EPISODE_DIR).mkdir(parents=True, exist_ok=True)
     handle = lock(root)
@@ -210,11 +240,19 @@ def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) ->
         if len(todo) < len(seeds):
             log.info("resuming %s: %d of %d DAgger episodes already recorded", root, len(seeds) - len(todo), len(seeds))
         write_manifest(root, settings, episodes + list(done.values()), todo)
-        job = {"ckpt": str(opts.ckpt), "samples": opts.samples, "seed": opts.seed, "expert": opts.expert,
-               "beta": opts.beta, "max_episode_steps": opts.max_episode_steps, "env": opts.env,
-               "frame_stack": int(source["settings"].get("frame_stack", 4)),
-               "frame_coding": str(source["settings"].get("frame_coding", LEGACY_CODING)),
-               "keep_raw": bool(source["settings"].get("keep_raw", False)), "query_threshold": threshold}  # fmt: skip
+        job = {
+            "ckpt": str(opts.ckpt),
+            "samples": opts.samples,
+            "seed": opts.seed,
+            "expert": opts.expert,
+            "beta": opts.beta,
+            "max_episode_steps": opts.max_episode_steps,
+            "env": opts.env,
+            "frame_stack": int(source["settings"].get("frame_stack", 4)),
+            "frame_coding": str(source["settings"].get("frame_coding", LEGACY_CODING)),
+            "keep_raw": bool(source["settings"].get("keep_raw", False)),
+            "query_threshold": threshold,
+        }
         new: list[dict[str, Any]] = []
 
         def finished(records: list[dict[str, Any]]) -> None:  # a task's episodes

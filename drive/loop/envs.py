@@ -14,8 +14,9 @@ from sim_bridges import registry
 ENVS = registry.DRIVING_ENVS
 
 
-def make_env(name: str = "carracing", *, pixels: bool = True, max_episode_steps: int = 1000,
-             fast_render: bool = True) -> gym.Env:  # fmt: skip
+def make_env(
+    name: str = "carracing", *, pixels: bool = True, max_episode_steps: int = 1000, fast_render: bool = True
+) -> gym.Env:
     """A driving env by name (carracing, fake-road) via gymnasium.make, wrapped in TimeLimit(max_episode_steps)."""
     if name not in ENVS:
         raise UserError(f"unknown env {name!r}; choose one of {ENVS}")

@@ -46,8 +46,11 @@ _CACHE: dict[Any, list[Lane]] = {}  # per process: (spec, settings, observers) -
 
 def _lanes(spec: str, settings: Mapping[str, Any], k: int, observers: ObserverFactory | None) -> list[Lane]:
     def lane(policy: Any) -> Lane:
-        env = make_env(settings["env"], pixels=bool(getattr(policy, "needs_pixels", True)),
-                       max_episode_steps=settings["max_episode_steps"])  # fmt: skip
+        env = make_env(
+            settings["env"],
+            pixels=bool(getattr(policy, "needs_pixels", True)),
+            max_episode_steps=settings["max_episode_steps"],
+        )
         env = shifted_env(env, parse_shift(settings["perturb"]) if settings.get("perturb") else None)
         built = [observers(env, spec)] if observers is not None else []
         monitor = [FailureMonitor(IDX["heading_error"])] if settings.get("failures") else []
@@ -64,9 +67,13 @@ def _lanes(spec: str, settings: Mapping[str, Any], k: int, observers: ObserverFa
     return cached_lanes(_CACHE, (spec, tuple(sorted(settings.items())), factory), k, policy, lane)
 
 
-def evaluate_episodes(spec: str, settings: Mapping[str, Any], seeds: Sequence[int],
-                      tick: Callable[[int], None] | None = None,
-                      observers: ObserverFactory | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def evaluate_episodes(
+    spec: str,
+    settings: Mapping[str, Any],
+    seeds: Sequence[int],
+    tick: Callable[[int], None] | None = None,
+    observers: ObserverFactory | None = None,
+) -> list[dict[str, Any]]:
     """One record per seed, in seed order, driven len(seeds) cars at once (one process, one controller call per
     step for all of them: drive/loop/rollout.py `run_lanes`)."""
     lanes = _lanes(spec, settings, len(seeds), observers)
@@ -111,13 +118,23 @@ def phase_label(phase: str, fallback: bool = False) -> str:
     return "eval, fallback on" if fallback else "eval"
 
 
-def _episodes(opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, Any], label: str,
-              observers: ObserverFactory | None) -> list[dict[str, Any]]:  # fmt: skip
+def _episodes(
+    opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, Any], label: str, observers: ObserverFactory | None
+) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     k = cars_per_process(opts.envs, len(seeds), opts.workers)
     tasks = [(opts.policy, settings, tuple(seeds[i : i + k])) for i in range(0, len(seeds), k)]
-    run_tasks(evaluate_episodes, tasks, opts.workers, records.extend, show=opts.progress, label=label,
-              extra=(observers,) if observers is not None else (), ray=opts.ray, size=episodes_in)  # fmt: skip
+    run_tasks(
+        evaluate_episodes,
+        tasks,
+        opts.workers,
+        records.extend,
+        show=opts.progress,
+        label=label,
+        extra=(observers,) if observers is not None else (),
+        ray=opts.ray,
+        size=episodes_in,
+    )
     return sorted(records, key=lambda r: r["seed"])
 
 
@@ -128,10 +145,17 @@ def _controller_variants(opts: EvalOptions, path: str) -> tuple[dict[str, Any], 
     variants: list[tuple[str, dict[str, Any]]] = [("", {**options, "fallback": "off"})]
     fb, threshold, origin = fallback_for_command(opts, path)
     if fb is not None:
-        header["fallback"] = {"mode": fb.mode, "signal": fb.signal, "quantile": fb.quantile, "threshold": threshold,
-                              "threshold_origin": origin}  # fmt: skip
-        variants = [("", {**options, "fallback": fb.mode, "fallback_threshold": threshold}),
-                    ("no_fallback", variants[0][1])]  # fmt: skip
+        header["fallback"] = {
+            "mode": fb.mode,
+            "signal": fb.signal,
+            "quantile": fb.quantile,
+            "threshold": threshold,
+            "threshold_origin": origin,
+        }
+        variants = [
+            ("", {**options, "fallback": fb.mode, "fallback_threshold": threshold}),
+            ("no_fallback", variants[0][1]),
+        ]
     return header, variants
 
 
@@ -161,8 +185,12 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     failures = opts.failure_horizon > 0 and opts.env == "carracing"
     runs = {}
     for name, options in variants:
-        settings = {**base, "policy_options": tuple(sorted(options.items())), "perturb": opts.perturb,
-                    "failures": failures}  # fmt: skip
+        settings = {
+            **base,
+            "policy_options": tuple(sorted(options.items())),
+            "perturb": opts.perturb,
+            "failures": failures,
+        }
         label = phase_label(name, fallback=len(variants) > 1)
         runs[name] = _episodes(opts, seeds, settings, label, observers if not name else None)
     if failures:
@@ -182,8 +210,12 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     return out
 
 
-def _failure_prediction(opts: EvalOptions, plain_options: Mapping[str, Any], base: Mapping[str, Any],
-                        runs: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:  # fmt: skip
+def _failure_prediction(
+    opts: EvalOptions,
+    plain_options: Mapping[str, Any],
+    base: Mapping[str, Any],
+    runs: Mapping[str, list[dict[str, Any]]],
+) -> dict[str, Any]:
     """Thresholds from nominal laps (clean camera, no fallback) on --calibrate-seeds, then each run's report; the
     per-step traces leave the records (their events stay)."""
     settings = {**base, "policy_options": tuple(sorted(plain_options.items())), "failures": True}
@@ -202,16 +234,20 @@ def describe(results: Mapping[str, Any]) -> str:
     lines = []
     r = results
     if "coverage90_steer" in r:
-        lines.append(f"shadow expert ({r.get('shadow')}): coverage50_steer {r['coverage50_steer']:.3f}, "
-                     f"coverage90_steer {r['coverage90_steer']:.3f}, nll_expert {r['nll_expert']:.3f}")  # fmt: skip
+        lines.append(
+            f"shadow expert ({r.get('shadow')}): coverage50_steer {r['coverage50_steer']:.3f}, "
+            f"coverage90_steer {r['coverage90_steer']:.3f}, nll_expert {r['nll_expert']:.3f}"
+        )
     if "latency_ms_p50" in r:
         lines.append(f"controller latency per step: p50 {r['latency_ms_p50']:.2f} ms, p95 {r['latency_ms_p95']:.2f} ms")
     if "fallback" in r:
         fb = r["fallback"]
-        lines.append(f"fallback {fb['mode']} (threshold {fb['threshold']:.3g}, {fb['threshold_origin']}): "
-                     f"{r.get('n_interventions', 0)} interventions, {r.get('fallback_fraction', 0):.1%} of steps; "
-                     f"mean_return {r['mean_return']:.1f} with, "
-                     f"{r['mean_return_no_fallback']:.1f} without")  # fmt: skip
+        lines.append(
+            f"fallback {fb['mode']} (threshold {fb['threshold']:.3g}, {fb['threshold_origin']}): "
+            f"{r.get('n_interventions', 0)} interventions, {r.get('fallback_fraction', 0):.1%} of steps; "
+            f"mean_return {r['mean_return']:.1f} with, "
+            f"{r['mean_return_no_fallback']:.1f} without"
+        )
     for key in sorted(k for k in r if k.startswith("failure_prediction")):
         fp = r[key]
         events = ", ".join(f"{kind} {n}" for kind, n in fp["events"].items())
@@ -219,8 +255,11 @@ def describe(results: Mapping[str, Any]) -> str:
         if not any(row["auroc"] is not None for row in fp["signals"].values()):  # no event, or every step before one
             lines.append(head + "nothing to score (AUROC needs steps both near and far from an event)")
             continue
-        lines.append(head + ", ".join(
-            f"{name} AUROC {'n/a' if row['auroc'] is None else format(row['auroc'], '.3f')}, median lead "
-            f"{'n/a' if row.get('median_lead_steps') is None else format(row['median_lead_steps'], '.0f') + ' steps'}"
-            for name, row in fp["signals"].items()))  # fmt: skip
+        parts = []
+        for name, row in fp["signals"].items():
+            auroc = "n/a" if row["auroc"] is None else format(row["auroc"], ".3f")
+            lead = row.get("median_lead_steps")
+            lead_text = "n/a" if lead is None else f"{lead:.0f} steps"
+            parts.append(f"{name} AUROC {auroc}, median lead {lead_text}")
+        lines.append(head + ", ".join(parts))
     return "\n".join(lines)

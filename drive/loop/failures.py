@@ -103,8 +103,11 @@ class FailureMonitor:
 
     def episode_traces(self) -> dict[str, Any]:
         """What the episode's record carries: events (kind, onset step), signals (T, len(SIGNALS)), busy (T,)."""
-        return {"events": list(self.events), "signals": np.asarray(self.signals, np.float32).reshape(-1, len(SIGNALS)),
-                "busy": np.asarray(self.busy, bool)}  # fmt: skip
+        return {
+            "events": list(self.events),
+            "signals": np.asarray(self.signals, np.float32).reshape(-1, len(SIGNALS)),
+            "busy": np.asarray(self.busy, bool),
+        }
 
 
 def _labels(n: int, onsets: Sequence[int], horizon: int) -> np.ndarray:
@@ -135,8 +138,9 @@ def _lead_times(alarm: np.ndarray, onsets: Sequence[int], horizon: int) -> tuple
     return leads, missed, false
 
 
-def failure_report(episodes: Sequence[Mapping[str, Any]], thresholds: Mapping[str, float] | None,
-                   horizon: int = 25) -> dict[str, Any]:  # fmt: skip
+def failure_report(
+    episodes: Sequence[Mapping[str, Any]], thresholds: Mapping[str, float] | None, horizon: int = 25
+) -> dict[str, Any]:
     """Per signal: AUROC of an event within `horizon` steps, and with `thresholds` the lead times (see module)."""
     counts = {kind: sum(1 for ep in episodes for e in ep["events"] if e["kind"] == kind) for kind in EVENTS}
     out: dict[str, Any] = {"horizon": horizon, "n_episodes": len(episodes), "events": counts, "signals": {}}
@@ -159,9 +163,13 @@ def failure_report(episodes: Sequence[Mapping[str, Any]], thresholds: Mapping[st
                 got = _lead_times(alarm, [e["t"] for e in ep["events"]], horizon)
                 leads, missed, false = leads + got[0], missed + got[1], false + got[2]
             n_events = len(leads) + missed
-            row.update(threshold=float(thresholds[name]), median_lead_steps=float(np.median(leads)) if leads else None,
-                       detected=len(leads), n_events=n_events,
-                       false_alarms_per_lap=false / max(len(episodes), 1))  # fmt: skip
+            row.update(
+                threshold=float(thresholds[name]),
+                median_lead_steps=float(np.median(leads)) if leads else None,
+                detected=len(leads),
+                n_events=n_events,
+                false_alarms_per_lap=false / max(len(episodes), 1),
+            )
         out["signals"][name] = row
     return out
 
@@ -176,6 +184,11 @@ def split_traces(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Take the per-step traces (signals, busy) out of eval records (they stay out of the JSON); keeps the events."""
     out = []
     for r in records:
-        out.append({"events": r.get("events", []), "signals": r.pop("signals", np.zeros((0, len(SIGNALS)))),
-                    "busy": r.pop("busy", np.zeros(0, bool))})  # fmt: skip
+        out.append(
+            {
+                "events": r.get("events", []),
+                "signals": r.pop("signals", np.zeros((0, len(SIGNALS)))),
+                "busy": r.pop("busy", np.zeros(0, bool)),
+            }
+        )
     return out

@@ -67,8 +67,9 @@ _SPARE: dict[torch.device, torch.Generator] = {}  # per device: draws of the row
 
 
 @torch.inference_mode()
-def predict_lanes(lanes: Sequence[Any], frames: Sequence[np.ndarray]
-                  ) -> list[tuple[StepPrediction, Internals | None, float]]:  # fmt: skip
+def predict_lanes(
+    lanes: Sequence[Any], frames: Sequence[np.ndarray]
+) -> list[tuple[StepPrediction, Internals | None, float]]:
     """One controller call for the lanes' raw (96, 96, 3) frames (one lane per policy, all sharing one model and
     sample count): per lane its prediction, internals and the call's latency in ms (what each car waited).
 
@@ -78,8 +79,10 @@ def predict_lanes(lanes: Sequence[Any], frames: Sequence[np.ndarray]
     model, n_samples = lanes[0].model, lanes[0].n_samples
     coder = lanes[0].coder
     form = (coder.coding, coder.input, coder.k)
-    if any(p.model is not model or p.n_samples != n_samples or (p.coder.coding, p.coder.input, p.coder.k) != form
-           for p in lanes):  # fmt: skip
+    if any(
+        p.model is not model or p.n_samples != n_samples or (p.coder.coding, p.coder.input, p.coder.k) != form
+        for p in lanes
+    ):
         raise ValueError("predict_lanes: every lane must share one model, sample count and frame coding")
     if not getattr(model, "lane_sampling", False) and len(lanes) > 1:
         return [out for p, f in zip(lanes, frames, strict=True) for out in predict_lanes([p], [f])]
@@ -118,8 +121,10 @@ def expert_lanes(experts: Sequence[Any], states: Sequence[np.ndarray]) -> list[n
         actions = experts[members[0]].act_many(np.stack([np.asarray(states[i]) for i in members]))
         for i, action in zip(members, actions, strict=True):
             outs[i] = action
-    return [np.asarray(e.act(s) if out is None else out, np.float32)
-            for e, s, out in zip(experts, states, outs, strict=True)]  # fmt: skip
+    return [
+        np.asarray(e.act(s) if out is None else out, np.float32)
+        for e, s, out in zip(experts, states, outs, strict=True)
+    ]
 
 
 def _state(info: Mapping[str, Any], who: str) -> np.ndarray:
@@ -153,14 +158,23 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
         shadowed = [i for i, root in zip(members, roots, strict=True) if root.shadow is not None]
         labels: dict[int, np.ndarray] = {}
         if shadowed:
-            labels = dict(zip(shadowed, expert_lanes([chains[i][-1].shadow for i in shadowed],
-                                                     [_state(infos[i], "the shadow expert") for i in shadowed]),
-                              strict=True))  # fmt: skip
+            labels = dict(
+                zip(
+                    shadowed,
+                    expert_lanes(
+                        [chains[i][-1].shadow for i in shadowed],
+                        [_state(infos[i], "the shadow expert") for i in shadowed],
+                    ),
+                    strict=True,
+                )
+            )
         for i, root, pred in zip(members, roots, predict_lanes(roots, [obs[i] for i in members]), strict=True):
             inner[i] = root.decide(*pred, infos[i], expert=labels.get(i))
     if driving_experts:
-        actions = expert_lanes([chains[i][-1].lane_expert for i in driving_experts],
-                               [_state(infos[i], "ExpertPolicy") for i in driving_experts])  # fmt: skip
+        actions = expert_lanes(
+            [chains[i][-1].lane_expert for i in driving_experts],
+            [_state(infos[i], "ExpertPolicy") for i in driving_experts],
+        )
         for i, action in zip(driving_experts, actions, strict=True):
             inner[i] = action
     outs: list[Any] = []
@@ -209,8 +223,9 @@ def lane_copies(policy: Any, k: int) -> list[Any]:
     return [policy] + [copy.deepcopy(policy, dict(shared)) for _ in range(k - 1)]
 
 
-def cached_lanes(cache: dict[Any, list[Any]], key: Any, k: int, policy: Callable[[], Any],
-                 lane: Callable[[Any], Any]) -> list[Any]:  # fmt: skip
+def cached_lanes(
+    cache: dict[Any, list[Any]], key: Any, k: int, policy: Callable[[], Any], lane: Callable[[Any], Any]
+) -> list[Any]:
     """The first k lanes of one setting (`key`), built once per process: `policy()` makes the first lane's policy,
     `lane(policy)` a lane around it, and a task asking for more lanes than were built grows the list (a shorter last
     task reuses the first ones). `cache` holds one setting at a time."""

@@ -89,14 +89,16 @@ class NoisyPolicy:
 
     def wrap(self, out: np.ndarray | PolicyOutput) -> PolicyOutput:
         """The inner policy's step -> this one's (noise added to the executed action)."""
-        clean = clip_action(np.asarray(out.action if isinstance(out, PolicyOutput) else out, np.float32), self.low,
-                            self.high)  # fmt: skip
+        clean = clip_action(
+            np.asarray(out.action if isinstance(out, PolicyOutput) else out, np.float32), self.low, self.high
+        )
         noise = self.std * self._rng.standard_normal(clean.shape).astype(np.float32) if self.std else 0.0
         executed = clip_action(clean + noise, self.low, self.high)
         if not isinstance(out, PolicyOutput):  # an expert's bare action (collect's every step): nothing else to keep
             return PolicyOutput(executed, clean)
-        return PolicyOutput(executed, clean, out.source, out.prediction, out.internals, out.expert, out.latency_ms,
-                            out.gate, out.frame)  # fmt: skip
+        return PolicyOutput(
+            executed, clean, out.source, out.prediction, out.internals, out.expert, out.latency_ms, out.gate, out.frame
+        )
 
 
 class ControllerPolicy:
@@ -104,9 +106,18 @@ class ControllerPolicy:
 
     needs_pixels = True
 
-    def __init__(self, model: torch.nn.Module, coder: ObservationCoder, n_samples: int | None = None, seed: int = 0,
-                 shadow: Any = None, gate: FallbackGate | None = None, name: str = "controller",
-                 threads: int | None = 1, device: str | torch.device = "cpu"):  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        coder: ObservationCoder,
+        n_samples: int | None = None,
+        seed: int = 0,
+        shadow: Any = None,
+        gate: FallbackGate | None = None,
+        name: str = "controller",
+        threads: int | None = 1,
+        device: str | torch.device = "cpu",
+    ):
         """threads: torch CPU threads for this process (None leaves them). A batch-1 step gains nothing from more
         than one, and on a loaded machine a second thread's spin-waits turned ~1 ms steps into ~100 ms (measured).
         device: where the controller runs (drive/devices.py); frames are coded on the host and moved per call."""
@@ -148,8 +159,14 @@ class ControllerPolicy:
     def act(self, obs: np.ndarray, info: Mapping[str, Any]) -> PolicyOutput:
         return self.decide(*self.predict(obs), info)
 
-    def decide(self, pred: StepPrediction, internals: Internals | None, latency_ms: float,
-               info: Mapping[str, Any], expert: np.ndarray | None = None) -> PolicyOutput:  # fmt: skip
+    def decide(
+        self,
+        pred: StepPrediction,
+        internals: Internals | None,
+        latency_ms: float,
+        info: Mapping[str, Any],
+        expert: np.ndarray | None = None,
+    ) -> PolicyOutput:
         """The step after the controller call: the action, the shadow expert, the on-policy stats, the gate.
         expert: the shadow expert's action on this step when already computed (`act_lanes` batches the lanes')."""
         action = clip_action(np.asarray(pred.mean), ACTION_LOW, ACTION_HIGH).astype(np.float32)
@@ -196,8 +213,11 @@ class OnPolicyStats:
             return out
         lat = np.asarray(self._latency)
         epi = np.asarray(self._epi)  # (T, 3)
-        out.update(latency_ms_p50=float(np.percentile(lat, 50)), latency_ms_p95=float(np.percentile(lat, 95)),
-                   epistemic_var_steer=float(epi[:, 0].mean()))  # fmt: skip
+        out.update(
+            latency_ms_p50=float(np.percentile(lat, 50)),
+            latency_ms_p95=float(np.percentile(lat, 95)),
+            epistemic_var_steer=float(epi[:, 0].mean()),
+        )
         if len(self._expert) == len(self._mean):
             out.update(expert_agreement(np.asarray(self._mean), np.asarray(self._var), np.asarray(self._expert)))
         return out
@@ -225,8 +245,15 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Across episodes: step-weighted coverage and NLL, latency percentiles as the median of per-episode values."""
     out: dict[str, float] = {}
     steps = np.array([r.get("steps", 1) for r in records], dtype=np.float64)
-    for key in ("coverage50_steer", "coverage90_steer", "nll_expert", "nll_expert_steer", "mae_expert_steer",
-                "epistemic_var_steer", "fallback_fraction"):  # fmt: skip
+    for key in (
+        "coverage50_steer",
+        "coverage90_steer",
+        "nll_expert",
+        "nll_expert_steer",
+        "mae_expert_steer",
+        "epistemic_var_steer",
+        "fallback_fraction",
+    ):
         values = [(r[key], w) for r, w in zip(records, steps, strict=True) if key in r]
         if values:
             v, w = np.array(values).T

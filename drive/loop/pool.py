@@ -105,8 +105,18 @@ def run_tasks(
     if ray is not None:
         from drive.loop.ray_pool import run_on_ray  # Ray is an optional extra: imported only when asked for
 
-        run_on_ray(fn, tasks, workers, on_result, extra, ray, label,
-                   lambda counter: FrameProgress(total, counter, show, label), DeferredInterrupt(), weight)  # fmt: skip
+        run_on_ray(
+            fn,
+            tasks,
+            workers,
+            on_result,
+            extra,
+            ray,
+            label,
+            lambda counter: FrameProgress(total, counter, show, label),
+            DeferredInterrupt(),
+            weight,
+        )
         return
     freeze_heap()
     if workers == 1 or len(tasks) == 1:
@@ -223,8 +233,15 @@ class DeferredInterrupt:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _run_here(fn: Callable[..., Any], tasks: list[tuple], on_result: Callable[[Any], None], show: bool, label: str,
-              extra: tuple, weight: Callable[[tuple], int]) -> None:  # fmt: skip
+def _run_here(
+    fn: Callable[..., Any],
+    tasks: list[tuple],
+    on_result: Callable[[Any], None],
+    show: bool,
+    label: str,
+    extra: tuple,
+    weight: Callable[[tuple], int],
+) -> None:
     counter = mp.Value("q", 0, lock=False)
     done = 0
 

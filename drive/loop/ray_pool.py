@@ -86,8 +86,10 @@ def probe(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
     except OSError as exc:
         reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or type(exc).__name__
-        raise UserError(f"--ray {address}: no Ray cluster answers at {target} ({reason}); start one there with "
-                        "`ray start --head`, or run on this machine with --ray local") from None  # fmt: skip
+        raise UserError(
+            f"--ray {address}: no Ray cluster answers at {target} ({reason}); start one there with "
+            "`ray start --head`, or run on this machine with --ray local"
+        ) from None
 
 
 def _remote_task():
@@ -138,9 +140,18 @@ class _Polled:
         return self.last
 
 
-def run_on_ray(fn: Callable[..., Any], tasks: list[tuple], workers: int, on_result: Callable[[Any], None],
-               extra: tuple, address: str, label: str, progress: Callable[[Any], AbstractContextManager],
-               interrupt: Any, weight: Callable[[tuple], int] = lambda task: 1) -> None:  # fmt: skip
+def run_on_ray(
+    fn: Callable[..., Any],
+    tasks: list[tuple],
+    workers: int,
+    on_result: Callable[[Any], None],
+    extra: tuple,
+    address: str,
+    label: str,
+    progress: Callable[[Any], AbstractContextManager],
+    interrupt: Any,
+    weight: Callable[[tuple], int] = lambda task: 1,
+) -> None:
     """`run_tasks` on Ray; `progress(counter)` is the driver's progress bar over a counter with `.value`;
     `interrupt` (drive/loop/pool.py's DeferredInterrupt), while entered, turns a first Ctrl-C into `interrupt.hit`."""
     ray = _ray()

@@ -283,8 +283,21 @@ def _step(lane: Lane, run: _Running, out: Any, low: np.ndarray, high: np.ndarray
     is_off = bool(next_info.get("off_track", False))
     run.off_events += int(is_off and not run.was_off)
     run.was_off = is_off
-    record = StepRecord(run.seed, run.episode, run.t, run.obs, run.info, action, label, out, float(reward),
-                        bool(terminated), bool(truncated), next_obs, next_info)  # fmt: skip
+    record = StepRecord(
+        run.seed,
+        run.episode,
+        run.t,
+        run.obs,
+        run.info,
+        action,
+        label,
+        out,
+        float(reward),
+        bool(terminated),
+        bool(truncated),
+        next_obs,
+        next_info,
+    )
     for observer in lane.observers:
         observer(record)
     run.t += 1

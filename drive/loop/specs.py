@@ -138,8 +138,9 @@ def controller_policy(
         gate = FallbackGate(threshold, fallback)
     coder = ObservationCoder.from_fingerprint(payload.get("data", {}), encoder.get("n_tokens", 4))
     expert = expert_policy(shadow, env).expert if shadow else None
-    return ControllerPolicy(model, coder, n_samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}",
-                            device=device)  # fmt: skip
+    return ControllerPolicy(
+        model, coder, n_samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}", device=device
+    )
 
 
 def ckpt_policy(

@@ -30,8 +30,13 @@ from drive.loop.specs import controller_policy
 log = logging.getLogger(__name__)
 
 
-def nominal_scores(policy: ControllerPolicy, seeds: Sequence[int], signal: str,
-                   env_kwargs: Mapping[str, Any], variance: str = "epistemic") -> np.ndarray:  # fmt: skip
+def nominal_scores(
+    policy: ControllerPolicy,
+    seeds: Sequence[int],
+    signal: str,
+    env_kwargs: Mapping[str, Any],
+    variance: str = "epistemic",
+) -> np.ndarray:
     """Per-step gate scores of the controller driving alone (no fallback) on `seeds`."""
     if policy.gate is not None:
         raise ValueError("nominal laps run without a fallback")
@@ -76,8 +81,13 @@ def resolve_threshold(
     values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs, cfg.variance)
     value = calibrate_threshold(values, cfg.quantile)
     refuse_a_flat_threshold(path, values, value, cfg)
-    log.info("fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)", value, cfg.quantile, len(values),
-             list(calibrate_seeds))  # fmt: skip
+    log.info(
+        "fallback threshold %.4g (q=%.3f of %d nominal steps on seeds %s)",
+        value,
+        cfg.quantile,
+        len(values),
+        list(calibrate_seeds),
+    )
     return value, f"calibrated on seeds {list(calibrate_seeds)} ({len(values)} nominal steps)"
 
 
@@ -88,14 +98,24 @@ def fallback_for_command(cfg: Any, path: str | Path) -> tuple[FallbackConfig | N
     if fb is None:
         return None, None, "off"
     threshold, origin = resolve_threshold(
-        path, fb, cfg.fallback_threshold, parse_seeds(cfg.calibrate_seeds), cfg.samples, cfg.seed,
+        path,
+        fb,
+        cfg.fallback_threshold,
+        parse_seeds(cfg.calibrate_seeds),
+        cfg.samples,
+        cfg.seed,
         {"name": cfg.env, "max_episode_steps": cfg.max_episode_steps},
-    )  # fmt: skip
+    )
     return fb, threshold, origin
 
 
-def store_threshold(path: str | Path, cfg: FallbackConfig, calibrate_seeds: Sequence[int], n_samples: int | None = None,
-                    env_kwargs: Mapping[str, Any] | None = None) -> float:  # fmt: skip
+def store_threshold(
+    path: str | Path,
+    cfg: FallbackConfig,
+    calibrate_seeds: Sequence[int],
+    n_samples: int | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> float:
     """Calibrate on nominal laps and write the threshold into the checkpoint's extra["fallback"] (atomically), so
     `drive eval --fallback` and `drive drive --fallback` use it without driving the nominal laps again."""
     env_kwargs = dict(env_kwargs or {})
@@ -128,16 +148,22 @@ def refuse_a_silent_gate(path: str | Path, name: str, policy: ControllerPolicy, 
         return
     default = int(getattr(policy.model, "default_samples", 1))
     if cfg.variance == "epistemic" and policy.n_samples == 1 and default > 1:
-        raise UserError(f"{path}: with --samples 1 controller {name}'s samples cannot disagree, so its epistemic "
-                        f"variance is 0 and an epistemic gate could never fire: give --samples 2 or more (its own: "
-                        f"{default})")  # fmt: skip
+        raise UserError(
+            f"{path}: with --samples 1 controller {name}'s samples cannot disagree, so its epistemic "
+            f"variance is 0 and an epistemic gate could never fire: give --samples 2 or more (its own: "
+            f"{default})"
+        )
     if cfg.variance == "epistemic":
-        raise UserError(f"{path}: controller {name} has no epistemic variance (its samples never disagree), so an "
-                        "epistemic gate could never fire: calibrate on its total variance instead (--variance total; "
-                        "drive eval --fallback expert:variance=total reads it) or use a controller with epistemic "
-                        "variance (nsac, mcd, de, der, sdenet)")  # fmt: skip
-    raise UserError(f"{path}: controller {name}'s {cfg.variance} variance of {cfg.signal} is 0, so the gate could "
-                    "never fire: choose another --signal")  # fmt: skip
+        raise UserError(
+            f"{path}: controller {name} has no epistemic variance (its samples never disagree), so an "
+            "epistemic gate could never fire: calibrate on its total variance instead (--variance total; "
+            "drive eval --fallback expert:variance=total reads it) or use a controller with epistemic "
+            "variance (nsac, mcd, de, der, sdenet)"
+        )
+    raise UserError(
+        f"{path}: controller {name}'s {cfg.variance} variance of {cfg.signal} is 0, so the gate could "
+        "never fire: choose another --signal"
+    )
 
 
 def refuse_a_flat_threshold(path: str | Path, values: np.ndarray, value: float, cfg: FallbackConfig) -> None:
@@ -146,10 +172,14 @@ def refuse_a_flat_threshold(path: str | Path, values: np.ndarray, value: float, 
     finite = values[np.isfinite(values)]
     what = f"{cfg.variance} variance of {cfg.signal}"
     if np.ptp(finite) == 0.0:
-        raise UserError(f"{path}: all {len(finite)} nominal steps scored the same {what} ({finite[0]:.4g}), so no "
-                        "threshold separates an unusual step from a usual one; no gate (choose another "
-                        "--signal or --variance)")  # fmt: skip
+        raise UserError(
+            f"{path}: all {len(finite)} nominal steps scored the same {what} ({finite[0]:.4g}), so no "
+            "threshold separates an unusual step from a usual one; no gate (choose another "
+            "--signal or --variance)"
+        )
     if value <= 0.0:
-        raise UserError(f"{path}: the q={cfg.quantile} quantile of the {what} on {len(finite)} nominal steps is 0 "
-                        f"({int((finite <= 0).sum())} scored 0), which is no threshold and no gate (choose a "
-                        "higher --quantile or another --signal)")  # fmt: skip
+        raise UserError(
+            f"{path}: the q={cfg.quantile} quantile of the {what} on {len(finite)} nominal steps is 0 "
+            f"({int((finite <= 0).sum())} scored 0), which is no threshold and no gate (choose a "
+            "higher --quantile or another --signal)"
+        )

@@ -50,8 +50,14 @@ class SpeedController:
     def reset(self) -> None:
         self._prev = None
 
-    def __call__(self, speed_mph: float, steering: float, slowdown: float = 0.0, epistemic_std: float = 0.0,
-                 total_std: float = 0.0) -> tuple[float, float, bool]:  # fmt: skip
+    def __call__(
+        self,
+        speed_mph: float,
+        steering: float,
+        slowdown: float = 0.0,
+        epistemic_std: float = 0.0,
+        total_std: float = 0.0,
+    ) -> tuple[float, float, bool]:
         c = self.cfg
         factor = (1 - c.steer_slowdown * min(abs(steering), 1.0)) * (1 - min(max(slowdown, 0.0), 1.0))
         factor *= max(0.0, 1 - c.uncertainty_slowdown * epistemic_std)
@@ -113,8 +119,12 @@ class SteeringPolicy:
         steering = float(np.clip(mean, -1.0, 1.0)) if math.isfinite(mean) else 0.0
         ale, epi = math.sqrt(max(float(pred.aleatoric_var[0]), 0.0)), math.sqrt(max(float(pred.epistemic_var[0]), 0.0))
         throttle, target, gated = self.speed(v, steering, epistemic_std=epi, total_std=math.hypot(ale, epi))
-        return PolicyOutput(np.array([steering, throttle], np.float32), prediction=pred,
-                            latency_ms=1e3 * (time.perf_counter() - t0), speed=SpeedStep(v, target, gated))  # fmt: skip
+        return PolicyOutput(
+            np.array([steering, throttle], np.float32),
+            prediction=pred,
+            latency_ms=1e3 * (time.perf_counter() - t0),
+            speed=SpeedStep(v, target, gated),
+        )
 
 
 def checked_server(kind: str) -> str:

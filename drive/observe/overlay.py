@@ -76,15 +76,21 @@ class OverlayState:
 
         gate = out.gate
         return cls(
-            mean=triple(out.prediction.mean), aleatoric_var=triple(out.prediction.aleatoric_var),  # type: ignore[arg-type]
-            epistemic_var=triple(out.prediction.epistemic_var), expert=triple(out.expert),  # type: ignore[arg-type]
-            kappa=gauge("kappa"), phi=gauge("phi"), psi=gauge("psi"),
+            mean=triple(out.prediction.mean),
+            aleatoric_var=triple(out.prediction.aleatoric_var),  # type: ignore[arg-type]
+            epistemic_var=triple(out.prediction.epistemic_var),
+            expert=triple(out.expert),  # type: ignore[arg-type]
+            kappa=gauge("kappa"),
+            phi=gauge("phi"),
+            psi=gauge("psi"),
             fallback="off" if gate is None else gate.state,
             fallback_score=None if gate is None else gate.score,
             fallback_threshold=None if gate is None else gate.threshold,
             fallback_signal="steer" if gate is None else gate.signal,
-            t=record.t, speed=float(record.info.get("speed", np.nan)), executed=triple(record.action),
-        )  # fmt: skip
+            t=record.t,
+            speed=float(record.info.get("speed", np.nan)),
+            executed=triple(record.action),
+        )
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> OverlayState:
@@ -223,8 +229,12 @@ def _gauges(panel: np.ndarray, s: OverlayState, y: int) -> int:
 
 def _fallback(panel: np.ndarray, s: OverlayState, y: int) -> int:
     colors = {"off": GREY, "controller": GREEN, "expert": RED, "slow": ORANGE}
-    labels = {"off": "fallback off", "controller": "controller driving", "expert": "FALLBACK: expert drives",
-              "slow": "FALLBACK: slowing down"}  # fmt: skip
+    labels = {
+        "off": "fallback off",
+        "controller": "controller driving",
+        "expert": "FALLBACK: expert drives",
+        "slow": "FALLBACK: slowing down",
+    }
     color = colors.get(s.fallback, GREY)
     cv2.rectangle(panel, (20, y), (PANEL_WIDTH - 20, y + 24), color, 2 if s.fallback in ("off", "controller") else -1)
     _text(panel, labels.get(s.fallback, s.fallback), (28, y + 17), WHITE, 0.45)

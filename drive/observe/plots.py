@@ -48,8 +48,11 @@ def plot_trace(path: str | os.PathLike) -> list[Path]:
 def trace_figures(path: str | os.PathLike) -> dict[str, Any]:
     """The figures of one trace by file suffix: `map` (when the controller reports gates) and `timeseries`."""
     table, meta = read_trace(path)
-    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names
-            if not c.endswith(("_values", "frame"))}  # fmt: skip
+    cols = {
+        c: table.column(c).to_numpy(zero_copy_only=False)
+        for c in table.column_names
+        if not c.endswith(("_values", "frame"))
+    }
     figures = {}
     panels = [(k, title) for k, title in MAP_PANELS if k in cols and np.isfinite(cols[k]).any()]
     if panels:
@@ -95,16 +98,24 @@ def _track_maps(cols: dict[str, np.ndarray], meta: dict[str, Any], panels: list[
     key_ax, *unused = cells[len(panels) :]
     for ax in (key_ax, *unused):
         ax.set_axis_off()
-    handles = [Line2D([], [], color="0.8", lw=6, label="track"),
-               Line2D([], [], ls="", marker="o", ms=4, color=plt.get_cmap("viridis")(0.6),
-                      label="car, coloured by the map's value\n(its colour bar beside it)")]  # fmt: skip
+    handles = [
+        Line2D([], [], color="0.8", lw=6, label="track"),
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker="o",
+            ms=4,
+            color=plt.get_cmap("viridis")(0.6),
+            label="car, coloured by the map's value\n(its colour bar beside it)",
+        ),
+    ]
     if shown_threshold:
         handles.append(Line2D([], [], color="red", lw=2, label="fallback threshold\n(on the colour bar)"))
     key_ax.legend(handles=handles, loc="center", fontsize=8, frameon=False)
     policy = portable_spec(str(meta.get("policy", "")))  # traces written before the recorder stored it portable
     fig.suptitle(f"seed {meta['seed']}: {policy} — values the model computed on this lap")
-    fig.subplots_adjust(left=0.02, right=0.96, top=1 - 0.7 / fig.get_figheight(), bottom=0.03, wspace=0.2,
-                        hspace=0.15)  # fmt: skip
+    fig.subplots_adjust(left=0.02, right=0.96, top=1 - 0.7 / fig.get_figheight(), bottom=0.03, wspace=0.2, hspace=0.15)
     return fig
 
 
@@ -136,8 +147,16 @@ def _time_series(cols: dict[str, np.ndarray]) -> Any:
                 ax.plot(t, cols[f"{key}_h{i}"], lw=0.7, alpha=0.6, label=f"head {i}")
             ax.plot(t, cols[key], lw=1.4, color="black", label="mean over heads")
         if engaged.any():
-            ax.fill_between(t, 0, 1, where=engaged, transform=ax.get_xaxis_transform(), color="red", alpha=0.12,
-                            label="fallback engaged")  # fmt: skip
+            ax.fill_between(
+                t,
+                0,
+                1,
+                where=engaged,
+                transform=ax.get_xaxis_transform(),
+                color="red",
+                alpha=0.12,
+                label="fallback engaged",
+            )
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)  # beside, never on, data
         ax.set_ylabel(key)
     axes[-1, 0].set_xlabel("step")

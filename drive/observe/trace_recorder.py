@@ -62,8 +62,15 @@ class TraceRecorder:
     env: the env being driven (for the track centreline); plots: also write the PNG plots beside each trace.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, env: Any = None, plots: bool = True, frames: bool = True,
-                 policy_name: str = "", on_episode: Callable[[Path], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        env: Any = None,
+        plots: bool = True,
+        frames: bool = True,
+        policy_name: str = "",
+        on_episode: Callable[[Path], None] | None = None,
+    ):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.env, self.plots, self.frames, self.policy_name = env, plots, frames, policy_name
@@ -106,12 +113,20 @@ class TraceRecorder:
         pose = np.asarray(info.get("pose", (np.nan, np.nan, np.nan)), dtype=np.float64)
         pred, gate = out.prediction, out.gate
         return {
-            "seed": int(record.seed), "t": int(record.t), "reward": float(record.reward),
-            "return": float(self._total), "done": bool(record.done),
-            "x": float(pose[0]), "y": float(pose[1]), "heading": float(pose[2]),
-            "speed": float(info.get("speed", np.nan)), "progress": float(info.get("progress", np.nan)),
-            "tiles_visited": int(info.get("tiles_visited", -1)), "off_track": bool(info.get("off_track", False)),
-            "track_pos": self._track_pos(pose[:2]), "source": str(record.source),
+            "seed": int(record.seed),
+            "t": int(record.t),
+            "reward": float(record.reward),
+            "return": float(self._total),
+            "done": bool(record.done),
+            "x": float(pose[0]),
+            "y": float(pose[1]),
+            "heading": float(pose[2]),
+            "speed": float(info.get("speed", np.nan)),
+            "progress": float(info.get("progress", np.nan)),
+            "tiles_visited": int(info.get("tiles_visited", -1)),
+            "off_track": bool(info.get("off_track", False)),
+            "track_pos": self._track_pos(pose[:2]),
+            "source": str(record.source),
             **_triple("action", record.action),
             **_triple("mean", None if pred is None else pred.mean),
             **_triple("aleatoric_var", None if pred is None else pred.aleatoric_var),
@@ -122,7 +137,7 @@ class TraceRecorder:
             "fallback_score": float("nan") if gate is None else float(gate.score),
             "fallback_threshold": float("nan") if gate is None else float(gate.threshold),
             "fallback_signal": "steer" if gate is None else gate.signal,
-        }  # fmt: skip
+        }
 
     def _track_pos(self, xy: np.ndarray) -> float:
         if self.track is None or not np.all(np.isfinite(xy)):
@@ -132,10 +147,14 @@ class TraceRecorder:
 
     def _write(self, seed: int) -> None:
         meta = {
-            "policy": portable_spec(self.policy_name), "seed": int(seed), "n_steps": len(self.rows),
-            "internals": self.shapes, "obs_shape": self.obs_shape, "frame_shape": self.frame_shape,
+            "policy": portable_spec(self.policy_name),
+            "seed": int(seed),
+            "n_steps": len(self.rows),
+            "internals": self.shapes,
+            "obs_shape": self.obs_shape,
+            "frame_shape": self.frame_shape,
             "track": None if self.track is None else self.track.round(3).tolist(),
-        }  # fmt: skip
+        }
         path = write_trace(self.out_dir / f"trace_seed{int(seed):06d}.parquet", self.rows, meta)
         self.paths.append(path)
         log.info("trace of seed %d (%d steps) -> %s", seed, len(self.rows), path)

@@ -37,15 +37,27 @@ GREEN, RED, ORANGE, BLUE, PURPLE = (60, 220, 60), (230, 50, 50), (250, 160, 30),
 def step_row(rec: StepRecord) -> dict[str, Any]:
     """The log row of one step (the COLUMNS; empty where the policy reports nothing)."""
     out = rec.output
-    row: dict[str, Any] = {"episode": rec.episode, "t": rec.t, "frame": rec.info.get("frame"),
-                           "latency_ms": out.latency_ms, "steering": float(rec.action[0]),
-                           "throttle": float(rec.action[1])}  # fmt: skip
+    row: dict[str, Any] = {
+        "episode": rec.episode,
+        "t": rec.t,
+        "frame": rec.info.get("frame"),
+        "latency_ms": out.latency_ms,
+        "steering": float(rec.action[0]),
+        "throttle": float(rec.action[1]),
+    }
     if out.speed is not None:
-        row.update(speed_mph=out.speed.speed_mph, target_mph=out.speed.target_mph, gated=out.speed.gated,
-                   slowdown=out.speed.slowdown)  # fmt: skip
+        row.update(
+            speed_mph=out.speed.speed_mph,
+            target_mph=out.speed.target_mph,
+            gated=out.speed.gated,
+            slowdown=out.speed.slowdown,
+        )
     if out.prediction is not None:
-        row.update(mean=float(out.prediction.mean[0]), aleatoric_std=_std(out.prediction.aleatoric_var),
-                   epistemic_std=_std(out.prediction.epistemic_var))  # fmt: skip
+        row.update(
+            mean=float(out.prediction.mean[0]),
+            aleatoric_std=_std(out.prediction.aleatoric_var),
+            epistemic_std=_std(out.prediction.epistemic_var),
+        )
     if out.road is not None:
         row.update(mean=float(rec.action[0]), road_rows=out.road.rows)
     return row

@@ -26,8 +26,12 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_ood_scores(scores: Mapping[str, Mapping[str, Mapping[str, np.ndarray]]], perturbations: Sequence[str],
-                    path: Path, key: str = "epistemic_all") -> Path:  # fmt: skip
+def plot_ood_scores(
+    scores: Mapping[str, Mapping[str, Mapping[str, np.ndarray]]],
+    perturbations: Sequence[str],
+    path: Path,
+    key: str = "epistemic_all",
+) -> Path:
     """Histograms of log10 score on clean vs perturbed inputs: one row per controller, one column per perturbation."""
     plt = _pyplot()
     rows, cols = len(scores), len(perturbations)
@@ -42,8 +46,15 @@ def plot_ood_scores(scores: Mapping[str, Mapping[str, Mapping[str, np.ndarray]]]
             ax.set_title(f"{name} | {pert}: AUROC {auc:.2f}", fontsize=8)
             if hi - lo < 1e-9:  # one value everywhere (GMLE's epistemic variance is 0): say so, draw no histogram
                 value = float(views["clean"][key].flat[0])
-                ax.text(0.5, 0.5, f"constant score {value:.3g}\n(no {key.split('_')[0]} term)", ha="center",
-                        va="center", fontsize=7, transform=ax.transAxes)  # fmt: skip
+                ax.text(
+                    0.5,
+                    0.5,
+                    f"constant score {value:.3g}\n(no {key.split('_')[0]} term)",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    transform=ax.transAxes,
+                )
                 ax.set_xticks([])
                 ax.set_yticks([])
                 continue
@@ -65,8 +76,11 @@ def plot_robustness(table: Mapping[str, Sequence[Mapping[str, Any]]], path: Path
     controller against the perturbation's level (domain_randomize: off = 0, on = 1)."""
     plt = _pyplot()
     kinds = list(dict.fromkeys(row["kind"] for rows in table.values() for row in rows))
-    cols = (("mean_return", "mean return"), ("coverage90_steer", "coverage90 of the expert's steer"),
-            ("epistemic_var_steer", "mean epistemic var (steer)"))  # fmt: skip
+    cols = (
+        ("mean_return", "mean return"),
+        ("coverage90_steer", "coverage90 of the expert's steer"),
+        ("epistemic_var_steer", "mean epistemic var (steer)"),
+    )
     fig, axes = plt.subplots(len(kinds), 3, figsize=(12, 2.6 * len(kinds)), squeeze=False)
     for r, kind in enumerate(kinds):
         for c, (key, label) in enumerate(cols):
@@ -122,8 +136,10 @@ def eval_figure(results: Mapping[str, Any]) -> Any:
         width = 0.8 / len(reports)
         bars = {}
         for i, (name, rep) in enumerate(sorted(reports.items())):
-            label = {"failure_prediction": "with fallback" if has_fallback else "controller",
-                     "failure_prediction_no_fallback": "without fallback"}.get(name, name)  # fmt: skip
+            label = {
+                "failure_prediction": "with fallback" if has_fallback else "controller",
+                "failure_prediction_no_fallback": "without fallback",
+            }.get(name, name)
             signals = list(rep["signals"])
             auc = [rep["signals"][s]["auroc"] or np.nan for s in signals]
             lead = [rep["signals"][s].get("median_lead_steps") or np.nan for s in signals]
@@ -132,13 +148,23 @@ def eval_figure(results: Mapping[str, Any]) -> Any:
         n_events = sum(sum(r.get("events", {}).values()) for r in reports.values())
         no_events = "no failure event (off track, spin, stall) in these episodes"
         panels = (
-            (axes[0, 0], 1, f"AUROC: event within {horizon} steps",
-             f"{no_events}: nothing to score" if not n_events else
-             f"no AUROC: every scored step is within {horizon} steps of an event, or none is"),
-            (axes[0, 1], 2, "median lead: threshold crossing -> event (steps)",
-             f"{no_events}: no lead time to show" if not n_events else
-             f"no event was foreseen: no signal crossed its threshold in the {horizon} steps before one"),
-        )  # fmt: skip
+            (
+                axes[0, 0],
+                1,
+                f"AUROC: event within {horizon} steps",
+                f"{no_events}: nothing to score"
+                if not n_events
+                else f"no AUROC: every scored step is within {horizon} steps of an event, or none is",
+            ),
+            (
+                axes[0, 1],
+                2,
+                "median lead: threshold crossing -> event (steps)",
+                f"{no_events}: no lead time to show"
+                if not n_events
+                else f"no event was foreseen: no signal crossed its threshold in the {horizon} steps before one",
+            ),
+        )
         for ax, k, title, why in panels:
             ax.set_title(title, fontsize=8)
             if all(np.isnan(values[k]).all() for values in bars.values()):

@@ -96,8 +96,9 @@ def parse_shift(text: str) -> Shift:
     head, sep, level = spec.rpartition(":")
     if not sep:
         known = sorted([*CAMERA_KINDS, *ACTUATION_KINDS, *WORLD_KINDS, *VARIANT_SPECS])
-        raise ValueError(f"shift {text!r}: give KIND:LEVEL, domain_randomize, carracing:VARIANT or "
-                         f"module:function:LEVEL ({known})")  # fmt: skip
+        raise ValueError(
+            f"shift {text!r}: give KIND:LEVEL, domain_randomize, carracing:VARIANT or module:function:LEVEL ({known})"
+        )
     base = _family(text, head)
     return _at(text, base, _number(text, level))
 
@@ -234,8 +235,12 @@ class ShiftSchedule(gym.Wrapper):
 
     def _report(self, info: dict[str, Any], stage: int) -> dict[str, Any]:
         level = self.level(stage)
-        return {**info, "shift": self.shift_spec, "shift_level": 0.0 if level is None else float(level),
-                "shift_stage": stage}  # fmt: skip
+        return {
+            **info,
+            "shift": self.shift_spec,
+            "shift_level": 0.0 if level is None else float(level),
+            "shift_stage": stage,
+        }
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.t = 0

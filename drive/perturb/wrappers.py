@@ -111,12 +111,18 @@ def perturbed_env(env: gym.Env, perturbation: Perturbation | None, seed: int = 0
     return env if perturbation is None else PerturbedCamera(env, perturbation, seed)
 
 
-def replay_frames(actions: np.ndarray, seed: int, perturbation: Perturbation | None = None,
-                  max_episode_steps: int = 1000, perturb_seed: int = 0) -> np.ndarray:  # fmt: skip
+def replay_frames(
+    actions: np.ndarray,
+    seed: int,
+    perturbation: Perturbation | None = None,
+    max_episode_steps: int = 1000,
+    perturb_seed: int = 0,
+) -> np.ndarray:
     """(T, 96, 96, 3): the raw frame seen at each of the T steps of the episode on track `seed` that executed
     `actions` (T, 3), under `perturbation` (None: the clean frames)."""
-    env = perturbed_env(make_env("carracing", pixels=True, max_episode_steps=max_episode_steps), perturbation,
-                        perturb_seed)  # fmt: skip
+    env = perturbed_env(
+        make_env("carracing", pixels=True, max_episode_steps=max_episode_steps), perturbation, perturb_seed
+    )
     try:
         obs, _ = env.reset(seed=int(seed))
         frames = [obs]

@@ -158,8 +158,22 @@ class CarRacingBridge(CarRacing):
             *self._prev_action.tolist(),
         ]
         ahead = out[LOOKAHEAD_START:].reshape(-1, 3)  # (K, 3) view: (x, y, direction) of each look-ahead point
-        track_frame.lookahead(s, self._lookahead, self._lap_len, self._cum, self._pts, self._seg, self._seg_len,
-                              self._seg_dir, pos[0], pos[1], heading, cos_h, sin_h, ahead)  # fmt: skip
+        track_frame.lookahead(
+            s,
+            self._lookahead,
+            self._lap_len,
+            self._cum,
+            self._pts,
+            self._seg,
+            self._seg_len,
+            self._seg_dir,
+            pos[0],
+            pos[1],
+            heading,
+            cos_h,
+            sin_h,
+            ahead,
+        )
         return out.astype(np.float32)
 
     def _info(self, base_info):
@@ -268,8 +282,9 @@ class CarRacingBridge(CarRacing):
         return self._observe(info), float(reward), terminated, truncated, info
 
 
-def make_carracing(mode="pixels", fast_render=True, max_episode_steps=1000, render_mode=None, variant=None,
-                   video_dir=None) -> gym.Env:  # fmt: skip
+def make_carracing(
+    mode="pixels", fast_render=True, max_episode_steps=1000, render_mode=None, variant=None, video_dir=None
+) -> gym.Env:
     """CarRacing-v3 (continuous) bridge wrapped in TimeLimit(max_episode_steps); see the module docstring."""
     bridge = CarRacingBridge(mode, fast_render, render_mode, variant, video_dir)
     return TimeLimit(bridge, max_episode_steps=max_episode_steps)

@@ -128,8 +128,15 @@ def _field(zoom: float, trans, rot) -> tuple[np.ndarray, np.ndarray]:
     return fx, fy
 
 
-def _draw_world(surf: pygame.Surface, env, cache: _EnvCache, zoom: float, trans, rot,
-                layers: variant_draw.Layers = variant_draw.NO_LAYERS) -> None:  # fmt: skip
+def _draw_world(
+    surf: pygame.Surface,
+    env,
+    cache: _EnvCache,
+    zoom: float,
+    trans,
+    rot,
+    layers: variant_draw.Layers = variant_draw.NO_LAYERS,
+) -> None:
     """Background, grass and road, as `CarRacing._render_road` draws them, minus provably invisible work; a variant's
     texture instead of background and grass (`sim_bridges.carracing.variant_draw`)."""
     fx, fy = _field(zoom, trans, rot)
@@ -259,9 +266,16 @@ def _shrink_bar_pixels(tiles: _Tiles, bar_surface: pygame.Surface) -> None:
     tiles.bar_key = None
     bar = pygame.surfarray.pixels2d(bar_surface)[:, H - HIDDEN_ROWS :].T  # (HIDDEN_ROWS, W) view
     shrink.shrink_pixels(
-        bar, tiles.t_start, tiles.t_end, tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate,
+        bar,
+        tiles.t_start,
+        tiles.t_end,
+        tiles.xc,
+        tiles.xfrac,
+        tiles.xrecip,
+        tiles.shift,
+        tiles.saturate,
         tiles.bar_rows,
-    )  # fmt: skip
+    )
     del bar  # unlocks the surface
 
 
@@ -269,9 +283,16 @@ def _finish_exact(tiles: _Tiles) -> np.ndarray:
     """smoothscale's Y pass over `tiles.frame` (X-shrunk world rows, flipped, then this env's bar rows): the frame."""
     tiles.frame[H - HIDDEN_ROWS :] = tiles.bar_rows
     shrink.shrink_columns(
-        tiles.frame, tiles.r_start, tiles.r_end, tiles.yc, tiles.yfrac, tiles.yrecip, tiles.shift, tiles.saturate,
+        tiles.frame,
+        tiles.r_start,
+        tiles.r_end,
+        tiles.yc,
+        tiles.yfrac,
+        tiles.yrecip,
+        tiles.shift,
+        tiles.saturate,
         tiles.out,
-    )  # fmt: skip
+    )
     return tiles.out.reshape(cr.STATE_H, cr.STATE_W, 3).copy()
 
 

@@ -82,8 +82,17 @@ def indicator_polygons(car) -> np.ndarray | None:
     out = _RECTS.__dict__.get("out")
     if out is None:
         out = _RECTS.out = np.empty((7, 9), np.int64)
-    n = indicator_rects(vx, vy, wheels[0].omega, wheels[1].omega, wheels[2].omega, wheels[3].omega,
-                        wheels[0].joint.angle, car.hull.angularVelocity, out)  # fmt: skip
+    n = indicator_rects(
+        vx,
+        vy,
+        wheels[0].omega,
+        wheels[1].omega,
+        wheels[2].omega,
+        wheels[3].omega,
+        wheels[0].joint.angle,
+        car.hull.angularVelocity,
+        out,
+    )
     return None if n < 0 else out[:n]
 
 
@@ -238,12 +247,17 @@ def _text_band(tiles, key: tuple, block: np.ndarray, palette: np.ndarray, bx: in
         if len(bands) >= _MAX_TEXT_CACHE:  # ~3.6 kB each
             bands.clear()
         xb = bx + block.shape[1] - 1
-        if block.size == 0 or bx < 0 or xb > W - 1 or draw_bar(_NO_RECTS, block, palette, bx, by,
-                                                              tiles.bar_canvas()) < 0:  # fmt: skip
+        if (
+            block.size == 0
+            or bx < 0
+            or xb > W - 1
+            or draw_bar(_NO_RECTS, block, palette, bx, by, tiles.bar_canvas()) < 0
+        ):
             bands[key] = None
             return None
         rows = np.empty_like(tiles.bar_rows)
-        shrink.shrink_rows(tiles.bar_canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate,
-                           rows, False)  # fmt: skip
+        shrink.shrink_rows(
+            tiles.bar_canvas(), tiles.xc, tiles.xfrac, tiles.xrecip, tiles.shift, tiles.saturate, rows, False
+        )
         band = bands[key] = rows[:, : 3 * (min(tiles.tile_of[xb] + 2, len(tiles.t_start) - 1))].copy()
     return band

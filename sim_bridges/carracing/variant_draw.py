@@ -88,12 +88,20 @@ def paint_texture(surf: pygame.Surface, layers: Layers) -> None:
     if surf.get_bitsize() == 32 and surf.get_masks()[:3] == XRGB_MASKS and surf.get_pitch() == 4 * W:
         pixels = pygame.surfarray.pixels2d(surf).T  # (H, W) uint32 view, locks the surface until deleted
         rows = pixels.view(np.uint8).reshape(H, W, 4)[HIDDEN_ROWS:]
-        cv2.warpAffine(layers.texture, layers.texture_map, size, dst=rows, flags=flags,
-                       borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0, 0))  # fmt: skip
+        cv2.warpAffine(
+            layers.texture,
+            layers.texture_map,
+            size,
+            dst=rows,
+            flags=flags,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=(0, 0, 0, 0),
+        )
         del pixels, rows
         return
-    bgrx = cv2.warpAffine(layers.texture, layers.texture_map, size, flags=flags, borderMode=cv2.BORDER_CONSTANT,
-                          borderValue=(0, 0, 0, 0))  # fmt: skip
+    bgrx = cv2.warpAffine(
+        layers.texture, layers.texture_map, size, flags=flags, borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0, 0)
+    )
     rgb = cv2.cvtColor(bgrx, cv2.COLOR_BGRA2RGB)
     surf.blit(pygame.image.frombuffer(rgb, size, "RGB"), (0, HIDDEN_ROWS))
 

@@ -73,8 +73,10 @@ class Variant:
         if self.kind not in KINDS:
             raise ValueError(f"CarRacing variant {self.kind!r}: choose one of {KINDS} (video as video=DIR)")
         if (self.kind == "video") != (self.video_dir is not None):
-            raise ValueError(f"CarRacing variant {self.kind!r}: video takes a folder of PNG frames (video=DIR, or "
-                             "video_dir=DIR in gymnasium.make), the other variants none")  # fmt: skip
+            raise ValueError(
+                f"CarRacing variant {self.kind!r}: video takes a folder of PNG frames (video=DIR, or "
+                "video_dir=DIR in gymnasium.make), the other variants none"
+            )
 
     def __str__(self) -> str:
         return f"video={self.video_dir}" if self.kind == "video" else self.kind

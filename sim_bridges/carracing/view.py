@@ -86,8 +86,26 @@ def visible_polygons(polys, quarter, c, s, zoom, tx, ty, shape_dim, cull, keep, 
 
 
 @njit(cache=True)
-def car_polygons(local, body_of, counts, colours, poses, stripes, stripe_w, stripe_colour, quarter, c, s, zoom, tx,
-                 ty, px, py, n_out, col_out):  # fmt: skip
+def car_polygons(
+    local,
+    body_of,
+    counts,
+    colours,
+    poses,
+    stripes,
+    stripe_w,
+    stripe_colour,
+    quarter,
+    c,
+    s,
+    zoom,
+    tx,
+    ty,
+    px,
+    py,
+    n_out,
+    col_out,
+):
     """`Car.draw(..., draw_particles=False)`'s polygons: fixture k's local float32 vertices local[k, :counts[k]]
     through its body's pose (c, s, x, y) as pybox2d's float32 b2Mul, then, for a body with stripes[b, 0] set, its
     wheel stripe (-w, r1), (w, r1), (w, r2), (-w, r2) after each of its fixtures. Int vertices into px, py
@@ -235,9 +253,23 @@ def car_screen(car, zoom: float, trans, rot: tuple[int, float, float]):
             c2 = np.sign(c2)
         stripes[b] = 1.0, cd.WHEEL_R * c1 * cd.SIZE, cd.WHEEL_R * c2 * cd.SIZE
     n = car_polygons(
-        shapes.local, shapes.body_of, shapes.counts, shapes.colours, poses, stripes, _STRIPE_W, _WHEEL_WHITE,
-        *rot, zoom, trans[0], trans[1], shapes.px, shapes.py, shapes.n_out, shapes.col_out,
-    )  # fmt: skip
+        shapes.local,
+        shapes.body_of,
+        shapes.counts,
+        shapes.colours,
+        poses,
+        stripes,
+        _STRIPE_W,
+        _WHEEL_WHITE,
+        *rot,
+        zoom,
+        trans[0],
+        trans[1],
+        shapes.px,
+        shapes.py,
+        shapes.n_out,
+        shapes.col_out,
+    )
     if n < 0:
         return None
     return shapes.px[:n], shapes.py[:n], shapes.n_out[:n], shapes.col_out[:n]

@@ -97,8 +97,16 @@ class CarRacingSource:
         self.frame, self.info = self.env.reset(seed=seed)  # (96, 96, 3) RGB
         self.quality = jpeg_quality
         self.steering = self.throttle = 0.0
-        self.result = {"seed": seed, "steps": 0, "return": 0.0, "lap_finished": False, "progress": 0.0,
-                       "off_track_steps": 0, "terminated": False, "truncated": False}  # fmt: skip
+        self.result = {
+            "seed": seed,
+            "steps": 0,
+            "return": 0.0,
+            "lap_finished": False,
+            "progress": 0.0,
+            "off_track_steps": 0,
+            "terminated": False,
+            "truncated": False,
+        }
         self.done = False
 
     def reference_jpeg(self) -> bytes:

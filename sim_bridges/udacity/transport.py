@@ -55,8 +55,9 @@ def import_eventlet():
         original = ws._apply_mask
         sample = bytes(range(256)) * 3
         for offset, length in ((0, None), (3, 101), (6, 767)):
-            if fast_apply_mask(sample, (1, 77, 200, 9), length, offset) != original(sample, (1, 77, 200, 9), length,
-                                                                                   offset):  # fmt: skip
+            if fast_apply_mask(sample, (1, 77, 200, 9), length, offset) != original(
+                sample, (1, 77, 200, 9), length, offset
+            ):
                 raise TransportError("eventlet's websocket unmasking changed: cannot use the fast path")
         ws._apply_mask = staticmethod(fast_apply_mask)
     return eventlet
@@ -112,8 +113,9 @@ class EventletTransport:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._ready: concurrent.futures.Future = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._main, args=(eventlet, host, port, app_factory),
-                                        name="udacity-bridge-eventlet", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._main, args=(eventlet, host, port, app_factory), name="udacity-bridge-eventlet", daemon=True
+        )
         self._thread.start()
         self.address = self._ready.result(timeout=10)  # (host, port) bound; raises what binding raised
         self.port = int(self.address[1])

@@ -126,9 +126,18 @@ def run(cfg: Config) -> int:
 
         t0 = time.perf_counter()
         with bar:
-            n = extract_features(folder, out, spec=spec, rpm=cfg.rpm, load=cfg.load, temperature=cfg.temperature,
-                                 temperature_files=cfg.temperature_files, rows_per_file=cfg.rows_per_file,
-                                 on_progress=on_progress, on_note=on_note)  # fmt: skip
+            n = extract_features(
+                folder,
+                out,
+                spec=spec,
+                rpm=cfg.rpm,
+                load=cfg.load,
+                temperature=cfg.temperature,
+                temperature_files=cfg.temperature_files,
+                rows_per_file=cfg.rows_per_file,
+                on_progress=on_progress,
+                on_note=on_note,
+            )
     except BearingFileError as exc:
         raise UserError(str(exc)) from None
     print(f"wrote {n} rows ({layout} layout, {files[0]} files, {time.perf_counter() - t0:.1f} s) to {out}")

@@ -77,14 +77,21 @@ def _tables(result: dict) -> list[Any]:
         memory.add_column(col, justify="right")
     for r in result["attention"]:
         timing.add_row(
-            str(r["n"]), cell(r, f"nsac_{unit}_ms"), cell(r, f"sdpa_block_{unit}_ms"),
-            cell(r, f"sdpa_kernel_{unit}_ms"), cell(r, "nsac_over_sdpa_block", "{:.2f}x"),
-            cell(r, "nsac_over_sdpa_kernel", "{:.1f}x"), cell(r, f"nsac_dense_{unit}_ms"),
-        )  # fmt: skip
+            str(r["n"]),
+            cell(r, f"nsac_{unit}_ms"),
+            cell(r, f"sdpa_block_{unit}_ms"),
+            cell(r, f"sdpa_kernel_{unit}_ms"),
+            cell(r, "nsac_over_sdpa_block", "{:.2f}x"),
+            cell(r, "nsac_over_sdpa_kernel", "{:.1f}x"),
+            cell(r, f"nsac_dense_{unit}_ms"),
+        )
         memory.add_row(
-            str(r["n"]), cell(r, "nsac_peak_mib", "{:.1f}"), cell(r, "sdpa_block_peak_mib", "{:.1f}"),
-            cell(r, "sdpa_kernel_peak_mib", "{:.1f}"), cell(r, "nsac_dense_peak_mib", "{:.1f}"),
-        )  # fmt: skip
+            str(r["n"]),
+            cell(r, "nsac_peak_mib", "{:.1f}"),
+            cell(r, "sdpa_block_peak_mib", "{:.1f}"),
+            cell(r, "sdpa_kernel_peak_mib", "{:.1f}"),
+            cell(r, "nsac_dense_peak_mib", "{:.1f}"),
+        )
     s = c["samples"]
     sampling = Table(title=f"inference, encoder once: S={s} vs S=1 samples of the NSAC head, {unit} ms")
     for col in ("n", "head", "S=1", f"S={s}", "ratio", f"draws of {s - 1} samples", "floor"):
@@ -94,10 +101,14 @@ def _tables(result: dict) -> list[Any]:
         for name, label in heads.items():
             first = name == "pooled"  # the draws and their floor are for the pooled head
             sampling.add_row(
-                str(r["n"]) if first else "", label, cell(r, f"{name}_s1_{unit}_ms"), cell(r, f"{name}_sS_{unit}_ms"),
-                cell(r, f"{name}_ratio", "{:.2f}x"), cell(r, f"draws_{unit}_ms") if first else "",
+                str(r["n"]) if first else "",
+                label,
+                cell(r, f"{name}_s1_{unit}_ms"),
+                cell(r, f"{name}_sS_{unit}_ms"),
+                cell(r, f"{name}_ratio", "{:.2f}x"),
+                cell(r, f"draws_{unit}_ms") if first else "",
                 cell(r, "floor_ratio", "{:.2f}x") if first else "",
-            )  # fmt: skip
+            )
     return [timing, memory, sampling]
 
 

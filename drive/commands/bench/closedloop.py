@@ -121,14 +121,17 @@ def controller_calls(cfg: Config, k: int | None, console: Any) -> dict[str, floa
         return "not measured: no eval row, or --controller-calls 0"
     with console.status(f"timing the controller call of K={k} cars ..."):
         ms = call_costs(str(cfg.ckpt), k, cfg.samples, cfg.first_seed, cfg.controller_calls)
-    console.print(f"one controller call, K={k} cars, S={cfg.samples} (CPU ms): back to back {ms['back_to_back']:.2f}, "
-                  f"after {k} frame-less env steps {ms['after_state_steps']:.2f}, after {k} pixel env steps "
-                  f"{ms['after_pixel_steps']:.2f} (drive/studies/closedloop/controller_calls.py says why)")  # fmt: skip
+    console.print(
+        f"one controller call, K={k} cars, S={cfg.samples} (CPU ms): back to back {ms['back_to_back']:.2f}, "
+        f"after {k} frame-less env steps {ms['after_state_steps']:.2f}, after {k} pixel env steps "
+        f"{ms['after_pixel_steps']:.2f} (drive/studies/closedloop/controller_calls.py says why)"
+    )
     return ms
 
 
-def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | None],
-                 ranges: dict[str, list[float] | None]) -> None:  # fmt: skip
+def print_tables(
+    console: Any, rows: dict[str, Row], ratios: dict[str, float | None], ranges: dict[str, list[float] | None]
+) -> None:
     from rich.table import Table
 
     table = Table(title="closed loop: steps per CPU-second (per core) and per second")
@@ -139,8 +142,15 @@ def print_tables(console: Any, rows: dict[str, Row], ratios: dict[str, float | N
             table.add_row(row.label, "-", row.skipped, "", "", "", "")
             continue
         rates = [beside_rate(near) for near in row.detail.get("beside", {}).values()]  # random, laps
-        table.add_row(row.label, str(row.steps), f"{row.steps_per_cpu_s:.0f}", f"{row.cpu_s:.1f}",
-                      f"{row.steps_per_s:.0f}", f"{row.wall_s:.1f}", " / ".join(f"{r:.0f}" for r in rates))  # fmt: skip
+        table.add_row(
+            row.label,
+            str(row.steps),
+            f"{row.steps_per_cpu_s:.0f}",
+            f"{row.cpu_s:.1f}",
+            f"{row.steps_per_s:.0f}",
+            f"{row.wall_s:.1f}",
+            " / ".join(f"{r:.0f}" for r in rates),
+        )
     console.print(table)
     checks = Table(title="ratios (per core; the 2-worker ones wall-clock)")
     for col in ("ratio", "measured", "round by round", "target", ""):
@@ -158,12 +168,16 @@ def print_ceilings(console: Any, ratios: dict[str, float | None], ceiling: float
     and eval with nothing but the env step and the network's back-to-back call."""
     laps = ratios.get("renderer_driving_over_renderer")
     if laps is not None:
-        console.print(f"ceiling against random actions: our env steps the expert's laps at {laps:.2f}x its rate on "
-                      f"random actions, so no loop that drives the laps (collect, eval) can exceed {laps:.2f}x there, "
-                      f"whatever its controller costs")  # fmt: skip
+        console.print(
+            f"ceiling against random actions: our env steps the expert's laps at {laps:.2f}x its rate on "
+            f"random actions, so no loop that drives the laps (collect, eval) can exceed {laps:.2f}x there, "
+            f"whatever its controller costs"
+        )
     if ceiling is not None:
-        console.print(f"ceiling of eval at K={best} on the laps: {ceiling:.2f}x our env, were nothing spent per "
-                      f"car-step but the env step and the controller call's back-to-back share")  # fmt: skip
+        console.print(
+            f"ceiling of eval at K={best} on the laps: {ceiling:.2f}x our env, were nothing spent per "
+            f"car-step but the env step and the controller call's back-to-back share"
+        )
 
 
 def measure_loops(cfg: Config, console: Any) -> dict[str, Row]:
@@ -182,8 +196,10 @@ def measure_loops(cfg: Config, console: Any) -> dict[str, Row]:
             measured = measure()
         rows.update(measured)
         for row in measured.values():
-            console.print(f"{row.label}: " + (row.skipped or f"{row.steps_per_cpu_s:.0f} steps per CPU-s, "
-                                                              f"{row.steps_per_s:.0f} steps/s"))  # fmt: skip
+            console.print(
+                f"{row.label}: "
+                + (row.skipped or f"{row.steps_per_cpu_s:.0f} steps per CPU-s, {row.steps_per_s:.0f} steps/s")
+            )
     best = best_eval(rows, cfg.envs)
     if best is None:
         rows["eval2"] = Row("eval, best K, 2 workers", skipped="not available: no eval row was measured")
@@ -205,16 +221,20 @@ def run(cfg: Config) -> int:
     if cfg.collect_envs and min(cfg.collect_envs) < 1:
         raise UserError(f"--collect-envs: cars per process, each >= 1, got {cfg.collect_envs}")
     if cfg.eval_episodes < max(cfg.envs):
-        raise UserError(f"--eval-episodes {cfg.eval_episodes} is below --envs {max(cfg.envs)}: a row of K cars "
-                        f"would drive only as many cars as it has episodes")  # fmt: skip
+        raise UserError(
+            f"--eval-episodes {cfg.eval_episodes} is below --envs {max(cfg.envs)}: a row of K cars "
+            f"would drive only as many cars as it has episodes"
+        )
     torch.set_num_threads(1)  # the 1-worker runs are in this process: one thread each, as the pool's workers have
     cv2.setNumThreads(1)
     console = Console()
     load_before = os.getloadavg()[0]
     with console.status("warming up (first-call costs, not timed) ..."):
         start_up = {"envs_cpu_s": warm_up(cfg.max_episode_steps), "loops_cpu_s": warm_up_loops(cfg)}
-    console.print(f"start-up before the timed rows: {start_up['envs_cpu_s']:.1f} CPU-s (envs), "
-                  f"{start_up['loops_cpu_s']:.1f} CPU-s (collect and eval: imports, checkpoints)")  # fmt: skip
+    console.print(
+        f"start-up before the timed rows: {start_up['envs_cpu_s']:.1f} CPU-s (envs), "
+        f"{start_up['loops_cpu_s']:.1f} CPU-s (collect and eval: imports, checkpoints)"
+    )
     if cfg.stages_only:
         return _stages_only(cfg, console, start_up, load_before)
     rows: dict[str, Row] = {**measure_envs(cfg, console), **measure_loops(cfg, console)}
@@ -227,29 +247,46 @@ def run(cfg: Config) -> int:
     stages = timed_stages(cfg, best, console) if cfg.stages and best is not None else None
     machine = _machine(load_before)
     met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
-    results = {"rows": {key: row.to_dict() for key, row in rows.items()}, "ratios": ratios,
-               "ratio_round_ranges": ranges, "targets": TARGETS,
-               "verdicts": {key: verdict(ratios[key], target, ranges.get(key)) for key, target in TARGETS.items()},
-               "best_envs": best, "met": met, "eval_network_ceiling": ceiling, "start_up": start_up,
-               "controller_call_cpu_ms": calls,
-               "loop_stages": stages,
-               "config": _config(cfg),
-               "machine": machine}  # fmt: skip
+    results = {
+        "rows": {key: row.to_dict() for key, row in rows.items()},
+        "ratios": ratios,
+        "ratio_round_ranges": ranges,
+        "targets": TARGETS,
+        "verdicts": {key: verdict(ratios[key], target, ranges.get(key)) for key, target in TARGETS.items()},
+        "best_envs": best,
+        "met": met,
+        "eval_network_ceiling": ceiling,
+        "start_up": start_up,
+        "controller_call_cpu_ms": calls,
+        "loop_stages": stages,
+        "config": _config(cfg),
+        "machine": machine,
+    }
     _write(cfg, results, console)
     return 0
 
 
 def _stages_only(cfg: Config, console: Any, start_up: dict[str, float], load_before: float) -> int:
     k = max(cfg.envs)
-    results = {"loop_stages": timed_stages(cfg, k, console), "envs": k, "start_up": start_up, "config": _config(cfg),
-               "machine": _machine(load_before)}  # fmt: skip
+    results = {
+        "loop_stages": timed_stages(cfg, k, console),
+        "envs": k,
+        "start_up": start_up,
+        "config": _config(cfg),
+        "machine": _machine(load_before),
+    }
     _write(cfg, results, console)
     return 0
 
 
 def _machine(load_before: float) -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0]}  # fmt: skip
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": os.getloadavg()[0],
+    }
 
 
 def _config(cfg: Config) -> dict[str, Any]:

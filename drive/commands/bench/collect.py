@@ -93,9 +93,15 @@ def collect_run(workers: int, cfg: Config) -> tuple[int, float]:
     from drive.observe.demonstrations import recorder_for
 
     with tempfile.TemporaryDirectory(prefix="bench_collect_") as tmp:
-        options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes,
-                                 seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}", workers=workers,
-                                 max_episode_steps=cfg.max_episode_steps, progress=False)  # fmt: skip
+        options = CollectOptions(
+            out=Path(tmp),
+            expert=cfg.expert,
+            episodes=cfg.episodes,
+            seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}",
+            workers=workers,
+            max_episode_steps=cfg.max_episode_steps,
+            progress=False,
+        )
         summary = collect(options, recorder_for)
         return summary.frames, summary.seconds
 
@@ -166,13 +172,23 @@ def run(cfg: Config) -> int:
         "collect2_over_collect1_per_cpu": per_cpu["collect2"] / per_cpu["collect1"],
     }
     print_tables(console, fps, per_cpu, labels, ratios)
-    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-               "load_avg_1m_before": load_before, "load_avg_1m_after": os.getloadavg()[0],
-               "numpy": np.__version__}  # fmt: skip
-    results = {"frames_per_s": fps, "frames_per_cpu_s": per_cpu, "ratios": ratios, "targets": TARGETS,
-               "met": {key: ratios[key] >= target for key, target in TARGETS.items()},
-               "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
-               "machine": machine}  # fmt: skip
+    machine = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg_1m_before": load_before,
+        "load_avg_1m_after": os.getloadavg()[0],
+        "numpy": np.__version__,
+    }
+    results = {
+        "frames_per_s": fps,
+        "frames_per_cpu_s": per_cpu,
+        "ratios": ratios,
+        "targets": TARGETS,
+        "met": {key: ratios[key] >= target for key, target in TARGETS.items()},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+        "machine": machine,
+    }
     if cfg.out is not None:
         atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
         print(f"wrote {cfg.out}")

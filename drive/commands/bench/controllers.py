@@ -77,12 +77,29 @@ def run(cfg: Config) -> int:
             parse_shift(spec)
         except ValueError as exc:
             raise UserError(f"--shifts {spec!r}: {exc}") from None
-    grid = offline.make_grid("demos", controllers=cfg.controllers, seeds=cfg.seeds, out=cfg.out, data=str(cfg.data),
-                             epochs=cfg.epochs, overrides=cfg.set, threads=cfg.threads, device=cfg.device)  # fmt: skip
+    grid = offline.make_grid(
+        "demos",
+        controllers=cfg.controllers,
+        seeds=cfg.seeds,
+        out=cfg.out,
+        data=str(cfg.data),
+        epochs=cfg.epochs,
+        overrides=cfg.set,
+        threads=cfg.threads,
+        device=cfg.device,
+    )
     if cfg.reference not in grid.rows:
         raise UserError(f"--reference {cfg.reference!r} is not a row ({', '.join(grid.rows)})")
-    study = study_mod.Study(grid, cfg.eval_seeds, tuple(cfg.shifts), cfg.ood, cfg.ood_episodes, cfg.envs,
-                            cfg.reference, cfg.max_episode_steps)  # fmt: skip
+    study = study_mod.Study(
+        grid,
+        cfg.eval_seeds,
+        tuple(cfg.shifts),
+        cfg.ood,
+        cfg.ood_episodes,
+        cfg.envs,
+        cfg.reference,
+        cfg.max_episode_steps,
+    )
     try:
         study_mod._families(study)  # a bad --ood fails here, not after the training
     except ValueError as exc:
@@ -90,8 +107,10 @@ def run(cfg: Config) -> int:
     cells = offline.cells(grid)
     if cfg.report_only and not any(offline.cell_state(c) == "done" for c in cells):
         raise UserError(f"--report-only: no finished training run in {cfg.out} (run without it first)")
-    print(f"{len(cells)} training runs ({sum(offline.cell_state(c) == 'done' for c in cells)} done), "
-          f"{len(cells) * len(study.conditions)} closed-loop runs -> {cfg.out}")  # fmt: skip
+    print(
+        f"{len(cells)} training runs ({sum(offline.cell_state(c) == 'done' for c in cells)} done), "
+        f"{len(cells) * len(study.conditions)} closed-loop runs -> {cfg.out}"
+    )
     if not cfg.report_only:
         study_mod.expert_cell(study)
         offline.run_grid(grid, progress=cfg.progress)

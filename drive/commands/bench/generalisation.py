@@ -70,18 +70,26 @@ def run(cfg: Config) -> int:
             raise UserError(f"--variants {variant!r}: not a CarRacingExtension variant (carracing:KIND)")
     for gate in cfg.gates:
         if gate == "off" or parse_fallback(gate) is None:
-            raise UserError(f"--gates {gate!r}: give a fallback (slow, expert, MODE:KEY=VALUE); the ungated run is "
-                            "always there")  # fmt: skip
+            raise UserError(
+                f"--gates {gate!r}: give a fallback (slow, expert, MODE:KEY=VALUE); the ungated run is always there"
+            )
     for path in cfg.ckpt:
         if not path.is_file():
             raise UserError(f"--ckpt {path}: no such file")
     parse_seeds(cfg.seeds)
     writable_dir(cfg.out, "--out")
     # controllers named relative to the working directory: results.json stores no machine's folders
-    suite = generalisation.Suite(controllers=tuple(str(portable(str(p))) for p in cfg.ckpt),
-                                 variants=(generalisation.CLEAN, *variants), gates=cfg.gates, seeds=cfg.seeds,
-                                 max_episode_steps=cfg.max_episode_steps, workers=cfg.workers, envs=cfg.envs,
-                                 samples=cfg.samples, progress=cfg.progress)  # fmt: skip
+    suite = generalisation.Suite(
+        controllers=tuple(str(portable(str(p))) for p in cfg.ckpt),
+        variants=(generalisation.CLEAN, *variants),
+        gates=cfg.gates,
+        seeds=cfg.seeds,
+        max_episode_steps=cfg.max_episode_steps,
+        workers=cfg.workers,
+        envs=cfg.envs,
+        samples=cfg.samples,
+        progress=cfg.progress,
+    )
     results = generalisation.run(cfg.out, suite)
     text = "\n".join(generalisation.tables(results)) + "\n"
     (cfg.out / "results.md").write_text(text)

@@ -130,8 +130,10 @@ def run(cfg: Config) -> int:
     obs = _observations(cfg.observations)
     results = []
     print(f"per-step controller latency, batch 1, {cfg.threads} thread(s), {cfg.steps} steps, S = {cfg.samples}")
-    print(f"{'controller':<28} {'stochastic p50/p95 ms':>22} {'deterministic p50/p95 ms':>25} {'ratio p50':>10}  "
-          f"targets (<= {TARGET_MS:g} ms, <= {TARGET_RATIO:g}x)")  # fmt: skip
+    print(
+        f"{'controller':<28} {'stochastic p50/p95 ms':>22} {'deterministic p50/p95 ms':>25} {'ratio p50':>10}  "
+        f"targets (<= {TARGET_MS:g} ms, <= {TARGET_RATIO:g}x)"
+    )
     for name, model, coder in _models(cfg):
         model.eval()
         # interleave the two measurements so background load hits both alike
@@ -153,9 +155,11 @@ def run(cfg: Config) -> int:
         row["meets_ratio"] = row["ratio_p50"] <= TARGET_RATIO
         results.append(row)
         verdict = f"{'ok' if row['meets_ms'] else 'MISS'} / {'ok' if row['meets_ratio'] else 'MISS'}"
-        print(f"{name:<28} {row['stochastic_ms_p50']:>10.2f} / {row['stochastic_ms_p95']:<9.2f} "
-              f"{row['deterministic_ms_p50']:>12.2f} / {row['deterministic_ms_p95']:<10.2f} "
-              f"{row['ratio_p50']:>9.2f}x  {verdict}")  # fmt: skip
+        print(
+            f"{name:<28} {row['stochastic_ms_p50']:>10.2f} / {row['stochastic_ms_p95']:<9.2f} "
+            f"{row['deterministic_ms_p50']:>12.2f} / {row['deterministic_ms_p95']:<10.2f} "
+            f"{row['ratio_p50']:>9.2f}x  {verdict}"
+        )
     if cfg.out is not None:
         payload = {
             "benchmark": "controller step latency",

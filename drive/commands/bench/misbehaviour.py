@@ -118,17 +118,34 @@ def run(cfg: Config) -> int:
     if cfg.selforacle is not None and not cfg.selforacle.is_file():
         raise UserError(f"--selforacle {cfg.selforacle}: no such file (train one: drive monitor train)")
     check_ray(cfg.ray)
-    plan = Plan(controllers=tuple(str(p) for p in cfg.ckpt), shifts=cfg.shifts,
-                nominal_seeds=tuple(parse_seeds(cfg.nominal_seeds)), seeds=tuple(parse_seeds(cfg.seeds)),
-                fallback=cfg.fallback, level=cfg.level, ttm=cfg.ttm, n_boot=cfg.bootstrap, seed=cfg.seed,
-                protocol=cfg.protocol, gate_signal=cfg.gate_signal, monitors=cfg.monitor)  # fmt: skip
+    plan = Plan(
+        controllers=tuple(str(p) for p in cfg.ckpt),
+        shifts=cfg.shifts,
+        nominal_seeds=tuple(parse_seeds(cfg.nominal_seeds)),
+        seeds=tuple(parse_seeds(cfg.seeds)),
+        fallback=cfg.fallback,
+        level=cfg.level,
+        ttm=cfg.ttm,
+        n_boot=cfg.bootstrap,
+        seed=cfg.seed,
+        protocol=cfg.protocol,
+        gate_signal=cfg.gate_signal,
+        monitors=cfg.monitor,
+    )
     if cfg.from_records is not None:
         return _from_records(cfg, plan, score_records)
 
-    settings = RunSettings(max_episode_steps=cfg.max_episode_steps, samples=cfg.samples, seed=cfg.seed,
-                           workers=cfg.workers, envs=cfg.envs, ray=cfg.ray, progress=cfg.progress,
-                           selforacle=str(cfg.selforacle) if cfg.selforacle else None,
-                           thirdeye=cfg.thirdeye)  # fmt: skip
+    settings = RunSettings(
+        max_episode_steps=cfg.max_episode_steps,
+        samples=cfg.samples,
+        seed=cfg.seed,
+        workers=cfg.workers,
+        envs=cfg.envs,
+        ray=cfg.ray,
+        progress=cfg.progress,
+        selforacle=str(cfg.selforacle) if cfg.selforacle else None,
+        thirdeye=cfg.thirdeye,
+    )
     start, cpu0 = time.perf_counter(), _cpu_s()
     results = run_plan(cfg.out, plan, settings, run_missing=not cfg.report_only)
     results["this_run"] = {"wall_s": time.perf_counter() - start, "cpu_s": _cpu_s() - cpu0}

@@ -71,9 +71,20 @@ def run(cfg: Config) -> int:
     )
     from drive.studies.offline.report import write_report
 
-    grid = offline.make_grid(cfg.task, protocol=cfg.protocol, datasets=cfg.datasets, controllers=cfg.controllers,
-                             seeds=cfg.seeds, out=cfg.out, data=cfg.data, epochs=cfg.epochs, overrides=cfg.set,
-                             threads=cfg.threads, device=cfg.device, refresh=cfg.refresh)  # fmt: skip
+    grid = offline.make_grid(
+        cfg.task,
+        protocol=cfg.protocol,
+        datasets=cfg.datasets,
+        controllers=cfg.controllers,
+        seeds=cfg.seeds,
+        out=cfg.out,
+        data=cfg.data,
+        epochs=cfg.epochs,
+        overrides=cfg.set,
+        threads=cfg.threads,
+        device=cfg.device,
+        refresh=cfg.refresh,
+    )
     plan = offline.cells(grid)
     done = sum(offline.cell_state(c) == "done" for c in plan)
     print(f"{len(plan)} cells ({done} done) -> {cfg.out}")
@@ -88,8 +99,11 @@ def run(cfg: Config) -> int:
     failed = [r for r in records if r["status"] == "failed"]
     for table in results["tables"]:
         if table["test"] == "test":
-            best = [f"{r['row']} {r['metrics']['nll']['mean']:.4g}" for r in table["rows"]
-                    if r["metrics"]["nll"]["mean"] is not None]  # fmt: skip
+            best = [
+                f"{r['row']} {r['metrics']['nll']['mean']:.4g}"
+                for r in table["rows"]
+                if r["metrics"]["nll"]["mean"] is not None
+            ]
             print(f"{table['key']}: nll {', '.join(best)}")
     print(f"wrote {paths[1]} ({len(paths) - 2} plots){f'; {len(failed)} cells failed' if failed else ''}")
     return 1 if failed else 0

@@ -171,11 +171,15 @@ def run(cfg: Config) -> int:
     ms_s, ms_f = 1e3 * statistics.median(stock), 1e3 * statistics.median(fast)
     print(f"render per frame (median of {cfg.steps}): stock {ms_s:.3f} ms, fast {ms_f:.3f} ms, x{ms_s / ms_f:.2f}")
     rates = {mode: steps_per_second(cfg.steps, cfg.seed, mode) for mode in ("stock", "fast", "physics")}
-    print(f"env steps/s: stock {rates['stock']:.0f}, fast {rates['fast']:.0f} (x{rates['fast'] / rates['stock']:.2f}),"
-          f" physics only {rates['physics']:.0f}")  # fmt: skip
+    print(
+        f"env steps/s: stock {rates['stock']:.0f}, fast {rates['fast']:.0f} (x{rates['fast'] / rates['stock']:.2f}),"
+        f" physics only {rates['physics']:.0f}"
+    )
     ours, theirs = (1e6 * statistics.median(t) for t in coding_times(cfg.steps, cfg.seed))
-    print(f"frame coding to 84x84 gray (median of {cfg.steps}): ours {ours:.1f} us, cv2 resize + cvtColor "
-          f"{theirs:.1f} us, x{theirs / ours:.2f}")  # fmt: skip
+    print(
+        f"frame coding to 84x84 gray (median of {cfg.steps}): ours {ours:.1f} us, cv2 resize + cvtColor "
+        f"{theirs:.1f} us, x{theirs / ours:.2f}"
+    )
     if cfg.profile:
         profiler = cProfile.Profile()
         profiler.enable()

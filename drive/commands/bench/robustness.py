@@ -31,8 +31,13 @@ class Config:
     """controller checkpoints, one curve each"""
     out: Path
     """output directory (points/, robustness.json, robustness.png)"""
-    sweep: tuple[str, ...] = ("noise:0.05,0.1,0.2", "blur:1,2,3", "occlusion:0.05,0.15", "brightness:0.5,1.6",
-                              "domain_randomize")  # fmt: skip
+    sweep: tuple[str, ...] = (
+        "noise:0.05,0.1,0.2",
+        "blur:1,2,3",
+        "occlusion:0.05,0.15",
+        "brightness:0.5,1.6",
+        "domain_randomize",
+    )
     """per kind KIND:LEVEL,LEVEL,... (domain_randomize: no levels)"""
     seeds: str = "1000-1004"
     """track seeds of every point"""
@@ -75,8 +80,14 @@ def run(cfg: Config) -> int:
         raise UserError("give at least one --ckpt")
     grid = points(cfg.sweep)
     (cfg.out / "points").mkdir(parents=True, exist_ok=True)
-    base = EvalOptions(seeds=cfg.seeds, workers=cfg.workers, envs=cfg.envs, samples=cfg.samples,
-                       progress=cfg.progress, failure_horizon=0)  # fmt: skip
+    base = EvalOptions(
+        seeds=cfg.seeds,
+        workers=cfg.workers,
+        envs=cfg.envs,
+        samples=cfg.samples,
+        progress=cfg.progress,
+        failure_horizon=0,
+    )
     table: dict[str, list[dict]] = {}
     for i, path in enumerate(cfg.ckpt):
         name = f"{i}_{path.parent.name if path.name == 'best.pt' else path.stem}"
@@ -89,12 +100,12 @@ def run(cfg: Config) -> int:
                 result = evaluate(replace(base, policy=f"ckpt:{path}", perturb=spec))
                 result.pop("episodes", None)
                 atomic_write(target, (json.dumps(result, indent=1) + "\n").encode())
-            rows.append({"kind": kind, "level": level, "perturb": spec or "clean",
-                         **{k: result.get(k) for k in KEYS}})  # fmt: skip
+            rows.append({"kind": kind, "level": level, "perturb": spec or "clean", **{k: result.get(k) for k in KEYS}})
             cov, epi = result.get("coverage90_steer", float("nan")), result.get("epistemic_var_steer", 0.0)
             print(f"{name} {spec or 'clean'}: return {result['mean_return']:.1f}, cov90 {cov:.3f}, epistemic {epi:.2e}")
-    atomic_write(cfg.out / "robustness.json", (json.dumps({"seeds": cfg.seeds, "controllers": table}, indent=1) +
-                                               "\n").encode())  # fmt: skip
+    atomic_write(
+        cfg.out / "robustness.json", (json.dumps({"seeds": cfg.seeds, "controllers": table}, indent=1) + "\n").encode()
+    )
     figure = plot_robustness(table, cfg.out / "robustness.png")
     print(f"wrote {cfg.out / 'robustness.json'} and {figure}")
     return 0

@@ -68,18 +68,25 @@ def run(cfg: Config) -> int:
         training, train_ratios = scale.summarise(scale.by_round(train_runs, "samples_per_s"), scale.TRAINING_RATIOS)
         ratios.update(train_ratios)
     scale.print_tables(console, collection, training, ratios)
-    results = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
-               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                           "python": platform.python_version()},
-               "warm_up_s": warm,
-               "collection": {"runs": [r.to_dict() for r in runs], "ray_starts": [r.to_dict() for r in ray_starts],
-                              **{k: {v: asdict(s) for v, s in f.items()} for k, f in collection.items()}},
-               "training": {"runs": [r.to_dict() for r in train_runs],
-                            "samples_per_s": {v: asdict(s) for v, s in training.items()}},
-               "ratios": {k: asdict(s) for k, s in ratios.items()}, "targets": scale.TARGETS,
-               "verdicts": {k: scale.verdict(ratios[k], t) for k, t in scale.TARGETS.items() if k in ratios},
-               "note": scale.shared_note(collection.get("cores", {})),
-               "wall_s": time.time() - started}  # fmt: skip
+    results = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in cfg.__dict__.items()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "warm_up_s": warm,
+        "collection": {
+            "runs": [r.to_dict() for r in runs],
+            "ray_starts": [r.to_dict() for r in ray_starts],
+            **{k: {v: asdict(s) for v, s in f.items()} for k, f in collection.items()},
+        },
+        "training": {
+            "runs": [r.to_dict() for r in train_runs],
+            "samples_per_s": {v: asdict(s) for v, s in training.items()},
+        },
+        "ratios": {k: asdict(s) for k, s in ratios.items()},
+        "targets": scale.TARGETS,
+        "verdicts": {k: scale.verdict(ratios[k], t) for k, t in scale.TARGETS.items() if k in ratios},
+        "note": scale.shared_note(collection.get("cores", {})),
+        "wall_s": time.time() - started,
+    }
     if cfg.out is not None:
         atomic_write(Path(cfg.out), (json.dumps(results, indent=1) + "\n").encode())
         console.print(f"wrote {cfg.out}")

@@ -82,8 +82,12 @@ def _model(cfg: Config):
 
 def _pct(ms: list[float]) -> dict[str, float]:
     a = np.asarray(ms, dtype=np.float64)
-    return {"n": int(a.size), "p50_ms": float(np.percentile(a, 50)), "p95_ms": float(np.percentile(a, 95)),
-            "mean_ms": float(a.mean())}  # fmt: skip
+    return {
+        "n": int(a.size),
+        "p50_ms": float(np.percentile(a, 50)),
+        "p95_ms": float(np.percentile(a, 95)),
+        "mean_ms": float(a.mean()),
+    }
 
 
 def _round_trips(cfg: Config, policy, data: Path, single_chain: bool, server: str) -> dict:
@@ -92,8 +96,21 @@ def _round_trips(cfg: Config, policy, data: Path, single_chain: bool, server: st
     env = UdacityEnv(port=0, timeout_s=3.0, connect_timeout_s=30.0, kind=server)
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "standin.json"
-        cmd = [sys.executable, "-m", "drive", "udacity", "standin", "--replay", str(data), "--json", str(report_path),
-               "--port", str(env.server.port), "--max-telemetry", str(cfg.frames + cfg.warmup)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "drive",
+            "udacity",
+            "standin",
+            "--replay",
+            str(data),
+            "--json",
+            str(report_path),
+            "--port",
+            str(env.server.port),
+            "--max-telemetry",
+            str(cfg.frames + cfg.warmup),
+        ]
         standin = subprocess.Popen(cmd + (["--single-chain"] if single_chain else []), stdout=subprocess.DEVNULL)
         try:
             obs, info = env.reset()
@@ -113,9 +130,15 @@ def _round_trips(cfg: Config, policy, data: Path, single_chain: bool, server: st
             env.close()
         report = json.loads(report_path.read_text())
     rt = [1e3 * s for s in report["latencies_s"][cfg.warmup :]]
-    return {"round_trip": _pct(rt), "controller_in_loop": _pct(server_ms[cfg.warmup :]),
-            "answers": report["steer_answers"], "sent": report["telemetry_sent"], "rejected": len(report["rejected"]),
-            "refused": stats["refused"], "coalesced": stats.get("coalesced", 0)}  # fmt: skip
+    return {
+        "round_trip": _pct(rt),
+        "controller_in_loop": _pct(server_ms[cfg.warmup :]),
+        "answers": report["steer_answers"],
+        "sent": report["telemetry_sent"],
+        "rejected": len(report["rejected"]),
+        "refused": stats["refused"],
+        "coalesced": stats.get("coalesced", 0),
+    }
 
 
 def _print(console, results: dict) -> None:
@@ -124,25 +147,32 @@ def _print(console, results: dict) -> None:
     table = Table("what", "n", "p50 ms", "p95 ms", "mean ms")
     rows = [("controller alone (preprocess + predict)", results["controller_alone"])]
     for server, r in results["servers"].items():
-        rows += [(f"{server}: round trip, one chain", r["single_chain"]["round_trip"]),
-                 (f"{server}:   controller inside it", r["single_chain"]["controller_in_loop"]),
-                 (f"{server}: round trip, two chains", r["two_chains"]["round_trip"])]  # fmt: skip
+        rows += [
+            (f"{server}: round trip, one chain", r["single_chain"]["round_trip"]),
+            (f"{server}:   controller inside it", r["single_chain"]["controller_in_loop"]),
+            (f"{server}: round trip, two chains", r["two_chains"]["round_trip"]),
+        ]
     for label, r in rows:
         table.add_row(label, str(r["n"]), f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", f"{r['mean_ms']:.2f}")
     console.print(table)
     p95 = {s: r["single_chain"]["round_trip"]["p95_ms"] for s, r in results["servers"].items()}
     for server, r in results["servers"].items():
         verdict = "meets" if p95[server] < 30 else "MISSES"
-        counts = ", ".join(f"{k}: {r[k]['sent']} sent, {r[k]['answers']} answered, {r[k]['rejected']} rejected, "
-                           f"{r[k]['refused']} refused" for k in ("single_chain", "two_chains"))  # fmt: skip
+        counts = ", ".join(
+            f"{k}: {r[k]['sent']} sent, {r[k]['answers']} answered, {r[k]['rejected']} rejected, "
+            f"{r[k]['refused']} refused"
+            for k in ("single_chain", "two_chains")
+        )
         console.print(f"{server}: single-chain round trip p95 {p95[server]:.1f} ms {verdict} the 30 ms target")
         console.print(f"  {counts}")
     if len(p95) == 2:
         best = min(p95, key=p95.get)
         results["faster_server"] = best
         results["p95_ratio_eventlet_to_threading"] = p95["eventlet"] / p95["threading"]
-        console.print(f"p95 eventlet / threading = {results['p95_ratio_eventlet_to_threading']:.2f}: {best} is faster"
-                      f"; the bridge's default is {results['default_server']}")  # fmt: skip
+        console.print(
+            f"p95 eventlet / threading = {results['p95_ratio_eventlet_to_threading']:.2f}: {best} is faster"
+            f"; the bridge's default is {results['default_server']}"
+        )
 
 
 def run(cfg: Config) -> int:
@@ -175,8 +205,14 @@ def run(cfg: Config) -> int:
             import_eventlet()
         except TransportError as exc:
             raise UserError(str(exc)) from None
-    results = {"controller": name, "n_samples": cfg.samples, "threads": cfg.threads, "controller_alone": _pct(alone),
-               "servers": {}, "default_server": DEFAULT_SERVER}  # fmt: skip
+    results = {
+        "controller": name,
+        "n_samples": cfg.samples,
+        "threads": cfg.threads,
+        "controller_alone": _pct(alone),
+        "servers": {},
+        "default_server": DEFAULT_SERVER,
+    }
     for server in servers:
         runs = results["servers"][server] = {}
         with console.status(f"{server}: round trips, one chain ..."):

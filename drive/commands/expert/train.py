@@ -30,8 +30,9 @@ def _evaluate_only(cfg: Config, seeds: list[int]) -> int:
     for row in results:
         print(f"seed {row['seed']}: return {row['return']:.1f}  steps {row['steps']}  progress {row['progress']:.3f}")
     s = return_stats(results)
-    print(f"{cfg.evaluate} on {cfg.eval_seeds} ({mode} mode): mean {s['mean']:.1f} std {s['std']:.1f} "
-          f"min {s['min']:.1f}")  # fmt: skip
+    print(
+        f"{cfg.evaluate} on {cfg.eval_seeds} ({mode} mode): mean {s['mean']:.1f} std {s['std']:.1f} min {s['min']:.1f}"
+    )
     return 0
 
 

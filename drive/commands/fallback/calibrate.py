@@ -36,6 +36,8 @@ def run(cfg: Config) -> int:
 
     fb = FallbackConfig(quantile=cfg.quantile, signal=cfg.signal, variance=cfg.variance)
     value = store_threshold(cfg.ckpt, fb, parse_seeds(cfg.seeds), cfg.samples, {"name": "carracing"})
-    print(f"{cfg.ckpt}: fallback threshold {value:.4g} (q={cfg.quantile} of {cfg.signal} {cfg.variance} variance on "
-          f"seeds {cfg.seeds})")  # fmt: skip
+    print(
+        f"{cfg.ckpt}: fallback threshold {value:.4g} (q={cfg.quantile} of {cfg.signal} {cfg.variance} variance on "
+        f"seeds {cfg.seeds})"
+    )
     return 0

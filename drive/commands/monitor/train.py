@@ -68,13 +68,26 @@ def run(cfg: Config) -> int:
     history = model.fit(x, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed)
     scores = model.score(x).numpy()
     manifest = (Path(cfg.data) / MANIFEST).read_bytes()
-    checkpoint.save(cfg.out, kind="monitor", name="selforacle", config=model.state()["config"], module=model,
-                    data={"path": portable(str(cfg.data)), "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
-                          "n_frames": len(x), "stride": cfg.stride, "seeds": data.seeds},
-                    metrics={"loss": history, "train_score_mean": float(scores.mean()),
-                             "train_score_p99": float(np.quantile(scores, 0.99))},
-                    extra={"epochs": cfg.epochs, "lr": cfg.lr, "batch_size": cfg.batch_size,
-                           "seed": cfg.seed})  # fmt: skip
+    checkpoint.save(
+        cfg.out,
+        kind="monitor",
+        name="selforacle",
+        config=model.state()["config"],
+        module=model,
+        data={
+            "path": portable(str(cfg.data)),
+            "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
+            "n_frames": len(x),
+            "stride": cfg.stride,
+            "seeds": data.seeds,
+        },
+        metrics={
+            "loss": history,
+            "train_score_mean": float(scores.mean()),
+            "train_score_p99": float(np.quantile(scores, 0.99)),
+        },
+        extra={"epochs": cfg.epochs, "lr": cfg.lr, "batch_size": cfg.batch_size, "seed": cfg.seed},
+    )
     print(
         f"wrote {cfg.out}: loss {history[0]:.4g} -> {history[-1]:.4g}, training-frame score mean "
         f"{scores.mean():.4g}, p99 {np.quantile(scores, 0.99):.4g}"

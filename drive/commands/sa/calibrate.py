@@ -30,16 +30,24 @@ def _print_table(result: dict) -> None:
     for key in SHOWN:
         table.add_row(key, *(f"{result['test'][s][key]:.4g}" for s in ("without_sa", "with_sa", "with_sa_plus_head")))
     Console().print(table)
-    print(f"chosen nu {result['nu']} (bounds {result['nu_bounds']}), {result['n_evals']} evaluations, "
-          f"converged {result['converged']}, wall time {result['wall_time_s']:.1f} s on "
-          f"{result['n_calibration']} calibration stacks x {result['n_passes']} passes (+{result['encode_s']:.1f} s "
-          f"encoding them once); target dispersion {result['target_dispersion']:.4g}, slope {result['slope']:.3f}; "
-          f"whole command {result['total_s']:.0f} s")  # fmt: skip
+    print(
+        f"chosen nu {result['nu']} (bounds {result['nu_bounds']}), {result['n_evals']} evaluations, "
+        f"converged {result['converged']}, wall time {result['wall_time_s']:.1f} s on "
+        f"{result['n_calibration']} calibration stacks x {result['n_passes']} passes (+{result['encode_s']:.1f} s "
+        f"encoding them once); target dispersion {result['target_dispersion']:.4g}, slope {result['slope']:.3f}; "
+        f"whole command {result['total_s']:.0f} s"
+    )
     if result["at_bound"]:
-        print(f"note: nu {result['nu']} still sits at the {result['at_bound']} edge of {result['nu_bounds']} after "
-              f"{result['n_extensions']} widening(s): a floor, not an optimum"
-              + (" (nu = 1 is one-hot attention: even the widest resampling spreads the predictions less than their"
-                 " errors)" if result["at_bound"] == "low" else ""))  # fmt: skip
+        print(
+            f"note: nu {result['nu']} still sits at the {result['at_bound']} edge of {result['nu_bounds']} after "
+            f"{result['n_extensions']} widening(s): a floor, not an optimum"
+            + (
+                " (nu = 1 is one-hot attention: even the widest resampling spreads the predictions less than their"
+                " errors)"
+                if result["at_bound"] == "low"
+                else ""
+            )
+        )
 
 
 def run(cfg: Config) -> int:

@@ -65,8 +65,14 @@ def run(cfg: Config) -> int:
     if (run_dir / "steps.csv").exists():
         raise UserError(f"--run-dir {run_dir} holds another session's log: each session logs into a new directory")
     created = not run_dir.exists()
-    env = UdacityEnv(cfg.host, cfg.port, timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-                     ping_interval=cfg.ping_interval_s, kind=checked_server(cfg.server))  # fmt: skip
+    env = UdacityEnv(
+        cfg.host,
+        cfg.port,
+        timeout_s=cfg.timeout_s,
+        connect_timeout_s=cfg.connect_timeout_s,
+        ping_interval=cfg.ping_interval_s,
+        kind=checked_server(cfg.server),
+    )
     print(f"listening on ws://{cfg.host}:{env.server.port}/socket.io/ -- start the simulator in Autonomous Mode")
     run_dir.mkdir(parents=True, exist_ok=True)  # after the port is bound: a refused port leaves nothing behind
     (run_dir / "config.json").write_text(json.dumps(portable(dataclasses.asdict(cfg)), indent=2, default=str))
@@ -102,10 +108,12 @@ def run(cfg: Config) -> int:
     if lat.size:
         session["policy_latency_ms"] = {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95))}
     (run_dir / "session.json").write_text(json.dumps(session, indent=2))
-    print(f"{len(lat)} steps; answers {stats.get('answered.steer', 0)} steer, {stats.get('answered.manual', 0)} "
-          f"manual, {stats.get('answered.safe', 0)} safe; refused {stats['refused']}; "
-          f"policy p50/p95 {session['policy_latency_ms'].get('p50', math.nan):.1f}/"
-          f"{session['policy_latency_ms'].get('p95', math.nan):.1f} ms")  # fmt: skip
+    print(
+        f"{len(lat)} steps; answers {stats.get('answered.steer', 0)} steer, {stats.get('answered.manual', 0)} "
+        f"manual, {stats.get('answered.safe', 0)} safe; refused {stats['refused']}; "
+        f"policy p50/p95 {session['policy_latency_ms'].get('p50', math.nan):.1f}/"
+        f"{session['policy_latency_ms'].get('p95', math.nan):.1f} ms"
+    )
     if overlay and overlay.mode == "video" and overlay.n_frames:
         print(f"overlay video: {run_dir / 'overlay.mp4'}")
     return code

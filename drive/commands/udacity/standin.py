@@ -47,8 +47,14 @@ def run(cfg: Config) -> int:
         if cfg.replay is not None
         else CarRacingSource(cfg.carracing or 0, max_steps=100_000)
     )
-    options = StandInConfig(cfg.host, cfg.port, max_telemetry=cfg.max_telemetry, duration_s=cfg.duration,
-                            double_open=not cfg.single_chain, malformed_every=cfg.malformed_every)  # fmt: skip
+    options = StandInConfig(
+        cfg.host,
+        cfg.port,
+        max_telemetry=cfg.max_telemetry,
+        duration_s=cfg.duration,
+        double_open=not cfg.single_chain,
+        malformed_every=cfg.malformed_every,
+    )
     report = StandIn(options, source).run()
     summary = {k: v for k, v in asdict(report).items() if k not in ("steer_values", "latencies_s", "raw_answers")}
     summary["latencies_s"] = report.latencies_s

@@ -165,8 +165,9 @@ def select_of(name: str) -> str:
     try:
         return str(fields.constant(TASKS[name], "SELECT"))
     except LookupError:
-        return next(f.default for f in fields.dataclass_fields("drive.learn.options", "TrainerConfig")
-                    if f.name == "select").strip("'")  # fmt: skip
+        return next(
+            f.default for f in fields.dataclass_fields("drive.learn.options", "TrainerConfig") if f.name == "select"
+        ).strip("'")
 
 
 def help_text() -> str:
@@ -175,7 +176,9 @@ def help_text() -> str:
     lines = ["task options (--set task.KEY=VALUE), each task with its defaults:"]
     for name, path in TASKS.items():
         data = fields.constant(path, "DATA")
-        lines.append(f"  {name} (--task {name}; --data {data or 'none: it makes its own data'}; best.pt and early "
-                     f"stopping on {select_of(name)})")  # fmt: skip
+        lines.append(
+            f"  {name} (--task {name}; --data {data or 'none: it makes its own data'}; best.pt and early "
+            f"stopping on {select_of(name)})"
+        )
         lines.extend(fields.help_lines(fields.dataclass_fields(path, "Options"), "task."))
     return "\n".join(lines)

@@ -181,8 +181,10 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     for name, b in tests.items():
         table = tables[name.split("@")[0]]
         life = np.interp(b.time / table.time[-1], grid, curve)
-        references[name] = {"train_mean": constant_gaussian_report(y_fit.mean(), y_fit.std(), b.y),
-                            "life_fraction": point_report(life, b.y)}  # fmt: skip
+        references[name] = {
+            "train_mean": constant_gaussian_report(y_fit.mean(), y_fit.std(), b.y),
+            "life_fraction": point_report(life, b.y),
+        }
     labels = {n: tables[n.split("@")[0]].label_column for n in tests}
     cache: dict = {}
 
@@ -206,7 +208,7 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "files_sha256": digests,
             "paper_seed": PAPER_SEED + seed,
             "feature_names": list(split.feature_names),
-        },  # fmt: skip
+        },
         evaluate=evaluate,
         plots=plots,
         standardiser=split.scaler,
@@ -222,16 +224,20 @@ def _predict(model, x: np.ndarray, opts: Options, seed: int):
     return pred  # Prediction of (N, 1) tensors
 
 
-def evaluate_bearings(model, tests: dict, heldout, labels: dict, references: dict, opts: Options, seed: int,
-                      cache: dict) -> dict:  # fmt: skip
+def evaluate_bearings(
+    model, tests: dict, heldout, labels: dict, references: dict, opts: Options, seed: int, cache: dict
+) -> dict:
     """metrics.json's task part (see the module docstring); keeps the paper bearings' predictions in `cache`."""
     reports, pooled = {}, []
     for name, bearing in tests.items():
         pred = _predict(model, bearing.x, opts, seed)
         if name.split("@")[0] in PAPER_TESTS:
             cache[name] = pred
-        reports[name] = {**metrics.regression_report(pred, bearing.y.reshape(-1, 1)), "label": labels[name],
-                         "references": references[name]}  # fmt: skip
+        reports[name] = {
+            **metrics.regression_report(pred, bearing.y.reshape(-1, 1)),
+            "label": labels[name],
+            "references": references[name],
+        }
     for name in PAPER_TESTS:
         pooled.append((cache[name], tests[name].y))
     pred = type(pooled[0][0])(*(torch.cat([p[i] for p, _ in pooled]) for i in range(3)))
@@ -245,7 +251,7 @@ def evaluate_bearings(model, tests: dict, heldout, labels: dict, references: dic
             f"train XJTU-SY {', '.join(TRAIN)} (seed {PAPER_SEED + seed}); inputs {opts.protocol}; test "
             f"bearings scaled by {opts.test_scaling!r} ('NAME@SCALING': the other); 'test' = "
             f"{', '.join(PAPER_TESTS)} pooled; 'heldout' = the 10% random split"
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -273,8 +279,14 @@ def draw_tubes(panels: dict[str, dict], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     z50, z90 = 0.6744897501960817, 1.6448536269514722  # central 50 / 90 % of a Gaussian
-    fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 5.2), squeeze=False,
-                             gridspec_kw={"height_ratios": [2.2, 1]}, sharex="col")  # fmt: skip
+    fig, axes = plt.subplots(
+        2,
+        len(panels),
+        figsize=(4.2 * len(panels), 5.2),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [2.2, 1]},
+        sharex="col",
+    )
     for col, (name, p) in enumerate(panels.items()):
         order = np.argsort(p["x"], kind="stable")
         t, y, mean = p["x"][order], p["y"][order], p["mean"][order]

@@ -113,8 +113,15 @@ class StackDataset(torch.utils.data.Dataset):
     frames[start[i] : start[i] + k]. Items are (x (k, 84, 84) uint8, y (3,) float32).
     """
 
-    def __init__(self, frames: np.ndarray, start: np.ndarray, labels: np.ndarray, k: int, seeds: np.ndarray,
-                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        frames: np.ndarray,
+        start: np.ndarray,
+        labels: np.ndarray,
+        k: int,
+        seeds: np.ndarray,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.frames = torch.from_numpy(frames)  # (F, 84, 84) uint8
         self.start = torch.from_numpy(start.astype(np.int64))  # (N,)
         self.labels = torch.from_numpy(labels.astype(np.float32))  # (N, 3)
@@ -148,8 +155,10 @@ def episode_frames(ep: Any, recorded: str, coding: str, where: Path) -> np.ndarr
     if coding == recorded:
         return ep.frames
     if ep.raw is None:
-        raise UserError(f"{where}: recorded with frame coding {recorded!r} and no raw frames; train with "
-                        f"--set task.frame_coding={recorded} or record with --frame-coding {coding}")  # fmt: skip
+        raise UserError(
+            f"{where}: recorded with frame coding {recorded!r} and no raw frames; train with "
+            f"--set task.frame_coding={recorded} or record with --frame-coding {coding}"
+        )
     coded = code_frames(ep.raw, coding)  # (T, 84, 84)
     return np.concatenate([np.repeat(coded[:1], ep.frame_stack - 1, axis=0), coded])
 
@@ -169,22 +178,32 @@ def gather(data: Demonstrations, seeds: list[int], stride: int, coding: str, inp
         offset += len(frames[-1])
     if not frames:
         raise UserError(f"{data.root}: no episodes in this split")
-    return StackDataset(np.concatenate(frames), np.concatenate(starts), np.concatenate(labels), data.frame_stack,
-                        np.concatenate(sample_seeds), input_transform(input_name))  # fmt: skip
+    return StackDataset(
+        np.concatenate(frames),
+        np.concatenate(starts),
+        np.concatenate(labels),
+        data.frame_stack,
+        np.concatenate(sample_seeds),
+        input_transform(input_name),
+    )
 
 
 def split_seeds(seeds: list[int], val_fraction: float, test_fraction: float, seed: int):
     """Episode-level train / val / test split, reproducible under `seed`; each non-empty when fractions are > 0."""
     if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise UserError(f"task.val_fraction={val_fraction}, task.test_fraction={test_fraction}: need each in [0, 1) "
-                        "and their sum < 1")  # fmt: skip
+        raise UserError(
+            f"task.val_fraction={val_fraction}, task.test_fraction={test_fraction}: need each in [0, 1) "
+            "and their sum < 1"
+        )
     order = np.random.default_rng(seed).permutation(len(seeds))
     n_val = max(1, int(round(val_fraction * len(seeds)))) if val_fraction > 0 else 0
     n_test = max(1, int(round(test_fraction * len(seeds)))) if test_fraction > 0 else 0
     if n_val + n_test >= len(seeds):
-        raise UserError(f"{len(seeds)} episode(s) cannot be split into train/val/test ({n_val} val, {n_test} test, "
-                        "at least 1 train): record more episodes or lower task.val_fraction / "
-                        "task.test_fraction")  # fmt: skip
+        raise UserError(
+            f"{len(seeds)} episode(s) cannot be split into train/val/test ({n_val} val, {n_test} test, "
+            "at least 1 train): record more episodes or lower task.val_fraction / "
+            "task.test_fraction"
+        )
     pick = [seeds[i] for i in order]
     return sorted(pick[n_val + n_test :]), sorted(pick[:n_val]), sorted(pick[n_val : n_val + n_test])
 
@@ -199,8 +218,10 @@ def offline_report(model, dataset: StackDataset, batch_size: int = 256, seed: in
             parts.append(model.predict(x, None, generator))
     pred = type(parts[0])(*(torch.cat(ts) for ts in zip(*parts, strict=True)))
     y = dataset.labels
-    per_action = {name: metrics.regression_report(type(pred)(*(t[:, d : d + 1] for t in pred)), y[:, d : d + 1])
-                  for d, name in enumerate(TARGETS)}  # fmt: skip
+    per_action = {
+        name: metrics.regression_report(type(pred)(*(t[:, d : d + 1] for t in pred)), y[:, d : d + 1])
+        for d, name in enumerate(TARGETS)
+    }
     return {**metrics.regression_report(pred, y), "per_action": per_action}
 
 
@@ -222,17 +243,24 @@ def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], opts: Optio
     }
 
 
-def _task_data(train: StackDataset, val: StackDataset, test: StackDataset, k: int, fingerprint: dict,
-               seed: int) -> TaskData:  # fmt: skip
+def _task_data(
+    train: StackDataset, val: StackDataset, test: StackDataset, k: int, fingerprint: dict, seed: int
+) -> TaskData:
     def evaluate(model) -> dict:
         return {"test": offline_report(model, test, seed=seed)}
 
     return TaskData(
-        name="demos", train=train, val=val, test=test,
-        encoder=EncoderConfig(kind="frames", n_tokens=k, d_model=32), out_dim=len(TARGETS), target_names=TARGETS,
-        fingerprint=fingerprint, evaluate=evaluate,
+        name="demos",
+        train=train,
+        val=val,
+        test=test,
+        encoder=EncoderConfig(kind="frames", n_tokens=k, d_model=32),
+        out_dim=len(TARGETS),
+        target_names=TARGETS,
+        fingerprint=fingerprint,
+        evaluate=evaluate,
         train_defaults={"epochs": 8, "batch_size": 64, "lr": 1e-3, "patience": 3, "select": SELECT},
-    )  # fmt: skip
+    )
 
 
 def build(opts: Options, data: Path | None, seed: int) -> TaskData:
@@ -256,8 +284,14 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
         test_seeds = test_data.seeds
     else:
         train_seeds, val_seeds, test_seeds = split_seeds(seeds, opts.val_fraction, opts.test_fraction, seed)
-    log.info("demos %s: %d train, %d val, %d test episodes (stride %d)", data, len(train_seeds), len(val_seeds),
-             len(test_seeds), opts.stride)  # fmt: skip
+    log.info(
+        "demos %s: %d train, %d val, %d test episodes (stride %d)",
+        data,
+        len(train_seeds),
+        len(val_seeds),
+        len(test_seeds),
+        opts.stride,
+    )
     train = gather(demos, train_seeds, opts.stride, opts.frame_coding, opts.input)
     val = gather(demos, val_seeds, opts.stride, opts.frame_coding, opts.input)
     test = gather(test_data, test_seeds, 1, opts.frame_coding, opts.input)

@@ -148,14 +148,14 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "authors_seed": fc.AUTHORS_SEEDS[0] + seed,
             "rows": [part.train_rows, part.val_rows, part.test_rows],
             "n_windows": [len(train), len(val), len(test)],
-        },  # fmt: skip
+        },
         evaluate=evaluate,
         plots=plots if opts.plot_windows > 0 else None,
         standardiser={
             "kind": part.scaler.kind,
             "offset": part.scaler.offset.tolist(),
             "scale": part.scaler.scale.tolist(),
-        },  # fmt: skip
+        },
         controller_defaults={"encoder.d_model": 32, "n_heads": 4},
         train_defaults={"epochs": 10, "batch_size": 256, "lr": 1e-3, "patience": 3},
     )
@@ -176,14 +176,23 @@ def evaluate_forecast(model, test: Windows, part: fc.ForecastSplit, n_samples: i
     for name, (offset, scale) in {"scaled": (0.0, 1.0), "original": (float(ts.offset), float(ts.scale))}.items():
         p, t = rescaled(pred, y, offset, scale)
         report = metrics.regression_report(p, t)
-        report["references"] = {ref: point_report(getattr(naive, ref) * scale + offset, t.numpy())
-                                for ref in ("last_value", "seasonal", "train_mean")}  # fmt: skip
+        report["references"] = {
+            ref: point_report(getattr(naive, ref) * scale + offset, t.numpy())
+            for ref in ("last_value", "seasonal", "train_mean")
+        }
         report["beats_last_value"] = report["mse"] < report["references"]["last_value"]["mse"]
         report["per_step_mse"] = ((p.mean - t) ** 2).mean(0).tolist()  # (H,)
         reports[name] = {**report, "units": name, "year": part.year}
-    return {"test": reports.pop("scaled"), "tests": reports,
-            "protocol": {"name": part.protocol, "rows": [part.train_rows, part.val_rows, part.test_rows],
-                         "scaler": part.scaler.kind, "year": part.year}}  # fmt: skip
+    return {
+        "test": reports.pop("scaled"),
+        "tests": reports,
+        "protocol": {
+            "name": part.protocol,
+            "rows": [part.train_rows, part.val_rows, part.test_rows],
+            "scaler": part.scaler.kind,
+            "year": part.year,
+        },
+    }
 
 
 @torch.no_grad()
@@ -194,9 +203,13 @@ def trajectories(model, test: Windows, part: fc.ForecastSplit, n_windows: int, s
     x, y = test.tensors[0][idx], test.tensors[1][idx]
     pred, truth = levels(model.predict(x, None, torch.Generator().manual_seed(seed)), y, test.last[picks])
     ts = part.target_scaler
-    return {"back": ts.inverse_transform(x[:, :, -1].numpy()), "truth": ts.inverse_transform(truth.numpy()),
-            "mean": ts.inverse_transform(pred.mean.numpy()), "std": np.sqrt(pred.total_var.double().numpy()) * ts.scale,
-            "window": picks}  # fmt: skip
+    return {
+        "back": ts.inverse_transform(x[:, :, -1].numpy()),
+        "truth": ts.inverse_transform(truth.numpy()),
+        "mean": ts.inverse_transform(pred.mean.numpy()),
+        "std": np.sqrt(pred.total_var.double().numpy()) * ts.scale,
+        "window": picks,
+    }
 
 
 def plot_forecasts(model, test: Windows, part: fc.ForecastSplit, run_dir: Path, n_windows: int, seed: int) -> list:
@@ -215,8 +228,9 @@ def plot_forecasts(model, test: Windows, part: fc.ForecastSplit, run_dir: Path, 
     steps = np.arange(part.horizon)
     for i, ax in enumerate(axes[0]):
         for z, alpha in ((1.645, 0.2), (0.674, 0.35)):  # 90 % and 50 % central intervals
-            ax.fill_between(steps, t["mean"][i] - z * t["std"][i], t["mean"][i] + z * t["std"][i], color="C0",
-                            alpha=alpha, lw=0)  # fmt: skip
+            ax.fill_between(
+                steps, t["mean"][i] - z * t["std"][i], t["mean"][i] + z * t["std"][i], color="C0", alpha=alpha, lw=0
+            )
         ax.plot(np.arange(-part.lookback, 0), t["back"][i], color="0.4", lw=1, label="look-back")
         ax.plot(steps, t["truth"][i], color="k", lw=1.2, label="truth")
         ax.plot(steps, t["mean"][i], color="C0", lw=1.2, label="mean")

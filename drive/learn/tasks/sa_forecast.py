@@ -172,19 +172,31 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
         return result
 
     return TaskData(
-        name="sa-forecast", train=train, val=val, test=test,
-        encoder=EncoderConfig(kind="patches", in_dim=1, n_tokens=opts.lookback, d_model=32), out_dim=horizon,
+        name="sa-forecast",
+        train=train,
+        val=val,
+        test=test,
+        encoder=EncoderConfig(kind="patches", in_dim=1, n_tokens=opts.lookback, d_model=32),
+        out_dim=horizon,
         target_names=tuple(f"OT[t+{h}]" for h in range(horizon)),
-        fingerprint={"dataset": opts.dataset, "protocol": opts.protocol, "source": str(part.name),
-                     "data_path": None if data is None else str(data),
-                     "rows": [part.train_rows, part.val_rows, part.test_rows],
-                     "n_windows": [len(train), len(val), len(cal), len(test)]},
-        evaluate=evaluate, plots=lambda model, run_dir: sa_study.save_arrays(cache, run_dir),
-        standardiser={"kind": part.scaler.kind, "offset": part.scaler.offset.tolist(),
-                      "scale": part.scaler.scale.tolist()},
+        fingerprint={
+            "dataset": opts.dataset,
+            "protocol": opts.protocol,
+            "source": str(part.name),
+            "data_path": None if data is None else str(data),
+            "rows": [part.train_rows, part.val_rows, part.test_rows],
+            "n_windows": [len(train), len(val), len(cal), len(test)],
+        },
+        evaluate=evaluate,
+        plots=lambda model, run_dir: sa_study.save_arrays(cache, run_dir),
+        standardiser={
+            "kind": part.scaler.kind,
+            "offset": part.scaler.offset.tolist(),
+            "scale": part.scaler.scale.tolist(),
+        },
         controller_defaults={"target": -1},
         train_defaults={"epochs": 10, "batch_size": 128, "lr": 1e-3, "patience": 3},
-    )  # fmt: skip
+    )
 
 
 def _point(model, x: torch.Tensor) -> torch.Tensor:
@@ -198,8 +210,10 @@ def mc_dropout(model, x: torch.Tensor, n_samples: int, seed: int, batch: int = 4
     model.train()
     step = max(1, batch // n_samples)
     try:
-        parts = [_point(model, x[i : i + step].repeat(n_samples, 1, 1)).view(n_samples, -1, model.out_dim)
-                 for i in range(0, len(x), step)]  # fmt: skip
+        parts = [
+            _point(model, x[i : i + step].repeat(n_samples, 1, 1)).view(n_samples, -1, model.out_dim)
+            for i in range(0, len(x), step)
+        ]
     finally:
         model.eval()
     return sa_study.from_samples(torch.cat(parts, 1))
@@ -221,16 +235,41 @@ def evaluate_forecast(model, cal: Windows, test: Windows, opts: Options, horizon
         point = sa_study.chunked(_point, 2048)(model, x_all)  # (N, H) the deterministic forecast, every window
     rows: dict = {}
     s = opts.n_samples
-    p_cal, p_test, search = sa_study.sa_predictive(model, x_cal, y_cal, x_test, n_samples=s, passes=opts.sa_passes,
-                                                   seed=seed, forward=_point, batch=2048, compare=False)  # fmt: skip
-    rows["sa"] = (p_cal, p_test, y_test, {"adaptation_s": search["wall_time_s"], "sampling_s": search["sampling_s"]},
-                  search)  # fmt: skip
+    p_cal, p_test, search = sa_study.sa_predictive(
+        model,
+        x_cal,
+        y_cal,
+        x_test,
+        n_samples=s,
+        passes=opts.sa_passes,
+        seed=seed,
+        forward=_point,
+        batch=2048,
+        compare=False,
+    )
+    rows["sa"] = (
+        p_cal,
+        p_test,
+        y_test,
+        {"adaptation_s": search["wall_time_s"], "sampling_s": search["sampling_s"]},
+        search,
+    )
     t0 = time.perf_counter()
-    rows["mcd"] = (mc_dropout(model, x_cal, s, seed + 1), mc_dropout(model, x_test, s, seed + 2), y_test,
-                   {"adaptation_s": 0.0, "sampling_s": time.perf_counter() - t0}, None)  # fmt: skip
+    rows["mcd"] = (
+        mc_dropout(model, x_cal, s, seed + 1),
+        mc_dropout(model, x_test, s, seed + 2),
+        y_test,
+        {"adaptation_s": 0.0, "sampling_s": time.perf_counter() - t0},
+        None,
+    )
     t0 = time.perf_counter()
-    rows["gaussian"] = (gaussian_head(model, x_cal, s, seed + 1), gaussian_head(model, x_test, s, seed + 2), y_test,
-                        {"adaptation_s": 0.0, "sampling_s": time.perf_counter() - t0}, None)  # fmt: skip
+    rows["gaussian"] = (
+        gaussian_head(model, x_cal, s, seed + 1),
+        gaussian_head(model, x_test, s, seed + 2),
+        y_test,
+        {"adaptation_s": 0.0, "sampling_s": time.perf_counter() - t0},
+        None,
+    )
     if tfm_cfg is not None:
         rows["timesfm-sa"] = timesfm_row(opts, tfm_cfg, horizon, x_cal, y_cal, x_test, y_test, seed)
     methods, arrays = {}, {}
@@ -239,8 +278,12 @@ def evaluate_forecast(model, cal: Windows, test: Windows, opts: Options, horizon
         result["study"]["units"] = "the informer protocol's StandardScaler units"
         methods[name] = result["study"]
         arrays.update(result["arrays"])
-    test = {**methods["sa"]["native"], "mae_all_windows": (point - y_all).abs().mean().item(),
-            "mse_all_windows": (point - y_all).pow(2).mean().item(), "n_windows": len(x_test)}  # fmt: skip
+    test = {
+        **methods["sa"]["native"],
+        "mae_all_windows": (point - y_all).abs().mean().item(),
+        "mse_all_windows": (point - y_all).pow(2).mean().item(),
+        "n_windows": len(x_test),
+    }
     return {"test": test, "study": {"method": "sa", "methods": methods}, "arrays": arrays}
 
 
@@ -252,9 +295,18 @@ def timesfm_row(opts: Options, cfg, horizon: int, x_cal, y_cal, x_test, y_test, 
     def forward(m, x: torch.Tensor) -> torch.Tensor:
         return m.forecast(x[..., -1], horizon).mean  # (B, L) context of the target -> (B, H)
 
-    p_cal, p_test, search = sa_study.sa_predictive(model, x_cal, y_cal, x_test[pick], n_samples=opts.n_samples,
-                                                   passes=opts.sa_passes, seed=seed, forward=forward, batch=512,
-                                                   compare=False)  # fmt: skip
+    p_cal, p_test, search = sa_study.sa_predictive(
+        model,
+        x_cal,
+        y_cal,
+        x_test[pick],
+        n_samples=opts.n_samples,
+        passes=opts.sa_passes,
+        seed=seed,
+        forward=forward,
+        batch=512,
+        compare=False,
+    )
     search["timesfm"] = {"path": opts.timesfm, "config": dataclasses.asdict(cfg), "n_test_windows": len(pick)}
     cost = {"adaptation_s": search["wall_time_s"], "sampling_s": search["sampling_s"]}
     return p_cal, p_test, y_test[pick], cost, search
@@ -263,8 +315,9 @@ def timesfm_row(opts: Options, cfg, horizon: int, x_cal, y_cal, x_test, y_test, 
 def summary(runs: list[dict]) -> dict:
     """The TimesFM-table analogue (MAE, native 95 % coverage, width at matched coverage) and the paper's claims."""
     data = sa_summary.collect(runs)
-    table = sa_summary.method_table(data, "TimesFM-table analogue: PatchTST rows on every configuration",
-                                    (*METHODS, "timesfm-sa"), PAPER_METHODS)  # fmt: skip
+    table = sa_summary.method_table(
+        data, "TimesFM-table analogue: PatchTST rows on every configuration", (*METHODS, "timesfm-sa"), PAPER_METHODS
+    )
     return {"tables": [table, sa_summary.nu_table(data)], "claims": claims(data)}
 
 
@@ -280,18 +333,34 @@ def claims(data: dict) -> list[dict]:
     h1 = cov.get("etth1-96", {})
     complete = set(DATASETS) <= set(data)
     return [
-        {"id": "etth1_coverage", "claim": CLAIMS[0][1], "paper": "SA 0.615; baselines 0.156-0.385",
-         "ours": ", ".join(f"{m} {sa_summary.fmt(v, 2)}" for m, v in h1.items()) or "-",
-         "reproduced": None if "sa" not in h1 or "mcd" not in h1 else abs(h1["sa"] - 0.615) <= 0.1 and
-         h1["sa"] > h1["mcd"]},
-        {"id": "etth1_order", "claim": "ETTh1 H=96: SA's native coverage is far above the stochastic-pass baseline's",
-         "paper": "0.615 vs 0.156-0.385", "ours": f"sa {sa_summary.fmt(h1.get('sa'), 2)} vs mcd "
-         f"{sa_summary.fmt(h1.get('mcd'), 2)}", "reproduced": None if "sa" not in h1 or "mcd" not in h1 else
-         h1["sa"] > h1["mcd"]},
-        {"id": "closest_everywhere", "claim": CLAIMS[1][1] + " (ours: vs MC dropout; vs every row incl. the "
-         "Gaussian head in brackets)", "paper": "8 of 8", "ours": f"{len(closer)} of {len(gap)} ({len(closer_all)})",
-         "reproduced": len(closer) == 8 if complete else None},
-        {"id": "top_two", "claim": CLAIMS[2][1] + " (of our 2-3 rows: top two of three is a weak test)",
-         "paper": ">= 4 of 8", "ours": f"{len(top2)} of {len(ratios)}",
-         "reproduced": len(top2) >= 4 if complete else None},
-    ]  # fmt: skip
+        {
+            "id": "etth1_coverage",
+            "claim": CLAIMS[0][1],
+            "paper": "SA 0.615; baselines 0.156-0.385",
+            "ours": ", ".join(f"{m} {sa_summary.fmt(v, 2)}" for m, v in h1.items()) or "-",
+            "reproduced": None
+            if "sa" not in h1 or "mcd" not in h1
+            else abs(h1["sa"] - 0.615) <= 0.1 and h1["sa"] > h1["mcd"],
+        },
+        {
+            "id": "etth1_order",
+            "claim": "ETTh1 H=96: SA's native coverage is far above the stochastic-pass baseline's",
+            "paper": "0.615 vs 0.156-0.385",
+            "ours": f"sa {sa_summary.fmt(h1.get('sa'), 2)} vs mcd {sa_summary.fmt(h1.get('mcd'), 2)}",
+            "reproduced": None if "sa" not in h1 or "mcd" not in h1 else h1["sa"] > h1["mcd"],
+        },
+        {
+            "id": "closest_everywhere",
+            "claim": CLAIMS[1][1] + " (ours: vs MC dropout; vs every row incl. the Gaussian head in brackets)",
+            "paper": "8 of 8",
+            "ours": f"{len(closer)} of {len(gap)} ({len(closer_all)})",
+            "reproduced": len(closer) == 8 if complete else None,
+        },
+        {
+            "id": "top_two",
+            "claim": CLAIMS[2][1] + " (of our 2-3 rows: top two of three is a weak test)",
+            "paper": ">= 4 of 8",
+            "ours": f"{len(top2)} of {len(ratios)}",
+            "reproduced": len(top2) >= 4 if complete else None,
+        },
+    ]

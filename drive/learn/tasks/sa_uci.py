@@ -130,8 +130,10 @@ def _tensors(x: np.ndarray, y: np.ndarray) -> torch.utils.data.TensorDataset:
 
 def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     if opts.dataset not in DATASETS or opts.protocol not in PROTOCOLS:
-        raise UserError(f"task 'sa-uci': dataset must be one of {', '.join(DATASETS)} and protocol 'gal', got "
-                        f"{opts.dataset!r} / {opts.protocol!r}")  # fmt: skip
+        raise UserError(
+            f"task 'sa-uci': dataset must be one of {', '.join(DATASETS)} and protocol 'gal', got "
+            f"{opts.dataset!r} / {opts.protocol!r}"
+        )
     try:
         table = uci.load_uci(opts.dataset, data)
         count = uci.n_splits(table, opts.protocol)
@@ -159,19 +161,42 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
 
     epochs = int(min(300, max(5, math.ceil(ROWS_BUDGET / len(part.train_rows)))))
     return TaskData(
-        name="sa-uci", train=_tensors(part.x_train, part.y_train), val=val, test=test,
-        encoder=EncoderConfig(kind="ft_features", in_dim=part.x_train.shape[1], d_model=64), out_dim=1,
+        name="sa-uci",
+        train=_tensors(part.x_train, part.y_train),
+        val=val,
+        test=test,
+        encoder=EncoderConfig(kind="ft_features", in_dim=part.x_train.shape[1], d_model=64),
+        out_dim=1,
         target_names=(table.target_name,),
-        fingerprint={"dataset": opts.dataset, "protocol": opts.protocol, "split_index": seed,
-                     "data_path": None if data is None else str(data), "source": str(table.folder),
-                     "n_fit": len(part.train_rows), "n_val": len(val), "n_cal": len(cal), "n_test": len(test)},
-        evaluate=evaluate, plots=plots,
-        standardiser={"x_offset": part.x_scaler.offset.tolist(), "x_scale": part.x_scaler.scale.tolist(),
-                      "y_offset": float(part.y_scaler.offset), "y_scale": float(part.y_scaler.scale)},
+        fingerprint={
+            "dataset": opts.dataset,
+            "protocol": opts.protocol,
+            "split_index": seed,
+            "data_path": None if data is None else str(data),
+            "source": str(table.folder),
+            "n_fit": len(part.train_rows),
+            "n_val": len(val),
+            "n_cal": len(cal),
+            "n_test": len(test),
+        },
+        evaluate=evaluate,
+        plots=plots,
+        standardiser={
+            "x_offset": part.x_scaler.offset.tolist(),
+            "x_scale": part.x_scaler.scale.tolist(),
+            "y_offset": float(part.y_scaler.offset),
+            "y_scale": float(part.y_scaler.scale),
+        },
         controller_defaults={"encoder.d_model": 64, "n_heads": 4, "n_models": 3, **IVON_DEFAULTS},
-        train_defaults={"epochs": epochs, "batch_size": 256, "lr": 1e-3, "weight_decay": 1e-5, "patience": 16,
-                        "val_samples": 1},
-    )  # fmt: skip
+        train_defaults={
+            "epochs": epochs,
+            "batch_size": 256,
+            "lr": 1e-3,
+            "weight_decay": 1e-5,
+            "patience": 16,
+            "val_samples": 1,
+        },
+    )
 
 
 def _standardised(model, ds) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,8 +233,14 @@ def evaluate_study(model, cal, test, opts: Options, seed: int) -> dict:
 
 
 def _method(model) -> str:
-    names = {"FTMCDropout": "mcd", "SWAG": "swag", "MultiSWAG": "multiswag", "IVONRegressor": "ivon",
-             "ContextualDropout": "cdrop", "HSA": "hsa"}  # fmt: skip
+    names = {
+        "FTMCDropout": "mcd",
+        "SWAG": "swag",
+        "MultiSWAG": "multiswag",
+        "IVONRegressor": "ivon",
+        "ContextualDropout": "cdrop",
+        "HSA": "hsa",
+    }
     return names.get(type(model).__name__, type(model).__name__.lower())
 
 
@@ -218,8 +249,10 @@ def summary(runs: list[dict]) -> dict:
     data = sa_summary.collect(runs)
     order = tuple(METHODS.values())
     paper = {d: {METHODS[c]: v for c, v in rows.items()} for d, rows in PAPER["gal"].items()}
-    tables = [sa_summary.method_table(data, "Table 2 analogue: every method on every set", order, paper),
-              sa_summary.nu_table(data)]  # fmt: skip
+    tables = [
+        sa_summary.method_table(data, "Table 2 analogue: every method on every set", order, paper),
+        sa_summary.nu_table(data),
+    ]
     return {"tables": tables, "claims": claims(data)}
 
 
@@ -228,12 +261,14 @@ def claims(data: dict) -> list[dict]:
     complete = set(DATASETS) <= set(data)
     pit = sa_summary.best_by(data, ("native", "pit_w1"))
     ratios = {d: sa_summary.matched_ratios(rows) for d, rows in data.items() if "sa" in rows}
-    closest = {d: min((v for m, v in r.items() if m != "sa" and v is not None), default=None)
-               for d, r in ratios.items()}  # fmt: skip
+    closest = {
+        d: min((v for m, v in r.items() if m != "sa" and v is not None), default=None) for d, r in ratios.items()
+    }
     sharpest = [d for d, v in closest.items() if v is not None and v > 1]
     alike = {d: sa_summary.matched_ratios(rows, conformal_reference=True) for d, rows in data.items() if "sa" in rows}
-    alike_closest = {d: min((v for m, v in r.items() if m != "sa" and v is not None), default=None)
-                     for d, r in alike.items()}  # fmt: skip
+    alike_closest = {
+        d: min((v for m, v in r.items() if m != "sa" and v is not None), default=None) for d, r in alike.items()
+    }
     sharpest_alike = [d for d, v in alike_closest.items() if v is not None and v > 1]
     close = [closest[d] for d in sharpest]
     sa_w1 = {d: sa_summary.stat(rows["sa"], "native", "pit_w1") for d, rows in data.items() if "sa" in rows}
@@ -248,21 +283,55 @@ def claims(data: dict) -> list[dict]:
     n, n_pit = len(data), sum(v == "sa" for v in pit.values())
     winners = ", ".join(f"{d}: {m}" for d, m in pit.items())
     return [
-        {"id": "pit_best", "claim": CLAIMS[0][1], "paper": "5 of 8", "reproduced": decided(n_pit >= 5),
-         "ours": f"{n_pit} of {n} ({winners})"},
-        {"id": "sharpest", "claim": CLAIMS[1][1], "paper": "7 of 8", "reproduced": decided(len(sharpest) >= 7),
-         "ours": f"{len(sharpest)} of {len(closest)} ({', '.join(sharpest) or 'none'})"},
-        {"id": "sharpest_alike", "claim": "(our check) the same with SA's interval also split-conformal at that "
-         "coverage", "paper": "-", "reproduced": decided(len(sharpest_alike) >= 7),
-         "ours": f"{len(sharpest_alike)} of {len(alike_closest)} ({', '.join(sharpest_alike) or 'none'})"},
-        {"id": "closest_ratio", "claim": CLAIMS[2][1], "paper": "1.2-2.8x", "reproduced": decided(bool(close) and
-         min(close) >= 1.2 and max(close) <= 2.8), "ours": f"{min(close):.2f}-{max(close):.2f}x" if close else "-"},
-        {"id": "naval_tie", "claim": CLAIMS[3][1], "paper": "0.022 vs 0.020", "reproduced": None if mcd_w1 is None
-         or sa_w1.get("naval") is None else abs(sa_w1["naval"] - 0.022) <= 0.01 and abs(mcd_w1 - 0.020) <= 0.01,
-         "ours": f"{sa_summary.fmt(sa_w1.get('naval'))} vs {sa_summary.fmt(mcd_w1)}"},
-        {"id": "naval_exception", "claim": "the exception is Naval, where HSA's intervals are the narrowest",
-         "paper": "hsa", "ours": narrowest_naval, "reproduced": None if "naval" not in ratios else
-         narrowest_naval == "hsa"},
-        {"id": "nrmse_high", "claim": CLAIMS[4][1], "paper": "wine 0.91, protein 0.66", "reproduced": decided(
-         set(top2) == {"wine", "protein"}), "ours": ", ".join(f"{d} {sa_summary.fmt(nrmse[d])}" for d in top2)},
-    ]  # fmt: skip
+        {
+            "id": "pit_best",
+            "claim": CLAIMS[0][1],
+            "paper": "5 of 8",
+            "reproduced": decided(n_pit >= 5),
+            "ours": f"{n_pit} of {n} ({winners})",
+        },
+        {
+            "id": "sharpest",
+            "claim": CLAIMS[1][1],
+            "paper": "7 of 8",
+            "reproduced": decided(len(sharpest) >= 7),
+            "ours": f"{len(sharpest)} of {len(closest)} ({', '.join(sharpest) or 'none'})",
+        },
+        {
+            "id": "sharpest_alike",
+            "claim": "(our check) the same with SA's interval also split-conformal at that coverage",
+            "paper": "-",
+            "reproduced": decided(len(sharpest_alike) >= 7),
+            "ours": f"{len(sharpest_alike)} of {len(alike_closest)} ({', '.join(sharpest_alike) or 'none'})",
+        },
+        {
+            "id": "closest_ratio",
+            "claim": CLAIMS[2][1],
+            "paper": "1.2-2.8x",
+            "reproduced": decided(bool(close) and min(close) >= 1.2 and max(close) <= 2.8),
+            "ours": f"{min(close):.2f}-{max(close):.2f}x" if close else "-",
+        },
+        {
+            "id": "naval_tie",
+            "claim": CLAIMS[3][1],
+            "paper": "0.022 vs 0.020",
+            "reproduced": None
+            if mcd_w1 is None or sa_w1.get("naval") is None
+            else abs(sa_w1["naval"] - 0.022) <= 0.01 and abs(mcd_w1 - 0.020) <= 0.01,
+            "ours": f"{sa_summary.fmt(sa_w1.get('naval'))} vs {sa_summary.fmt(mcd_w1)}",
+        },
+        {
+            "id": "naval_exception",
+            "claim": "the exception is Naval, where HSA's intervals are the narrowest",
+            "paper": "hsa",
+            "ours": narrowest_naval,
+            "reproduced": None if "naval" not in ratios else narrowest_naval == "hsa",
+        },
+        {
+            "id": "nrmse_high",
+            "claim": CLAIMS[4][1],
+            "paper": "wine 0.91, protein 0.66",
+            "reproduced": decided(set(top2) == {"wine", "protein"}),
+            "ours": ", ".join(f"{d} {sa_summary.fmt(nrmse[d])}" for d in top2),
+        },
+    ]

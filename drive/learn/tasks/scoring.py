@@ -30,8 +30,12 @@ def rescaled(pred: Prediction, y: Any, offset: Any, scale: Any) -> tuple[Predict
 def point_report(forecast: Any, y: Any) -> dict[str, float]:
     """A point forecast's scores: mse, mae, rmse and crps (= mae: the CRPS of a point mass)."""
     forecast, y = np.asarray(forecast, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    return {"mse": metrics.mse(forecast, y), "mae": metrics.mae(forecast, y), "rmse": metrics.rmse(forecast, y),
-            "crps": metrics.mae(forecast, y)}  # fmt: skip
+    return {
+        "mse": metrics.mse(forecast, y),
+        "mae": metrics.mae(forecast, y),
+        "rmse": metrics.rmse(forecast, y),
+        "crps": metrics.mae(forecast, y),
+    }
 
 
 def constant_gaussian_report(loc: float, scale: float, y: Any) -> dict[str, float]:

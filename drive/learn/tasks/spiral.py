@@ -130,8 +130,9 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     test = torch.utils.data.TensorDataset(torch.from_numpy(features), torch.from_numpy(gen.clean))  # the clean grid
 
     def evaluate(model) -> dict:
-        return evaluate_spiral(model, features, gen.clean, test_noisy, gen.test_idx, recipe, opts.eval_samples, seed,
-                               opts.ood_std)  # fmt: skip
+        return evaluate_spiral(
+            model, features, gen.clean, test_noisy, gen.test_idx, recipe, opts.eval_samples, seed, opts.ood_std
+        )
 
     def plots(model, run_dir: Path) -> list[Path]:
         return [plot_decomposition(model, features, gen.clean, recipe.n_interp, run_dir / "decomposition.png", seed)]
@@ -166,8 +167,11 @@ def evaluate_spiral(
     draws = (mu + var.sqrt() * eps).cpu()  # (S, steps, 2)
     pred_np = [p.cpu().numpy() for p in pred]
     not_val = np.setdiff1d(np.arange(recipe.steps), test_idx)
-    regions = {"interpolation": np.arange(recipe.n_interp), "extrapolation": np.arange(recipe.n_interp, recipe.steps),
-               "all": np.arange(recipe.steps)}  # fmt: skip
+    regions = {
+        "interpolation": np.arange(recipe.n_interp),
+        "extrapolation": np.arange(recipe.n_interp, recipe.steps),
+        "all": np.arange(recipe.steps),
+    }
     out: dict = {}
     for name, steps in regions.items():
         region_pred = type(pred)(*(p[steps] for p in pred_np))
@@ -213,8 +217,9 @@ def plot_decomposition(model, features: np.ndarray, clean: np.ndarray, n_interp:
     from matplotlib.patches import Circle
 
     for std, color, label in ((ale, "C1", "2 sd aleatoric"), (epi, "C2", "2 sd epistemic")):  # discs of radius 2 sd
-        discs = PatchCollection([Circle(m, 2 * r) for m, r in zip(mean, std, strict=True)], color=color, alpha=0.08,
-                                lw=0, label=label)  # fmt: skip
+        discs = PatchCollection(
+            [Circle(m, 2 * r) for m, r in zip(mean, std, strict=True)], color=color, alpha=0.08, lw=0, label=label
+        )
         ax_xy.add_collection(discs)
     ax_xy.plot(clean[:, 0], clean[:, 1], color="k", lw=1, label="clean curve")
     ax_xy.plot(mean[:, 0], mean[:, 1], color="C0", lw=1, ls="--", label="predicted mean")

@@ -116,8 +116,9 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     except FileNotFoundError as exc:
         raise UserError(f"task 'uci': {exc}") from None
     if not 0 <= seed < count:
-        raise UserError(f"task 'uci': --seed {seed} is outside the {opts.protocol} runs of {opts.dataset} "
-                        f"(0..{count - 1})")  # fmt: skip
+        raise UserError(
+            f"task 'uci': --seed {seed} is outside the {opts.protocol} runs of {opts.dataset} (0..{count - 1})"
+        )
     part = uci.split(table, opts.protocol, seed, None if opts.val_fraction < 0 else opts.val_fraction)
 
     def tensors(x: np.ndarray, y: np.ndarray) -> torch.utils.data.TensorDataset:
@@ -147,7 +148,7 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "n_train": len(part.train_rows),
             "n_val": len(part.val_rows),
             "n_test": len(part.test_rows),
-        },  # fmt: skip
+        },
         evaluate=evaluate,
         standardiser={
             "x_offset": part.x_scaler.offset.tolist(),
@@ -155,14 +156,14 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "y_offset": float(part.y_scaler.offset),
             "y_scale": float(part.y_scaler.scale),
             "kind": part.x_scaler.kind,
-        },  # fmt: skip
+        },
         controller_defaults={"encoder.d_model": 32, "n_heads": 4},
         train_defaults={
             "epochs": 40,
             "batch_size": 32 if len(part.train_rows) < 1000 else 128,
             "lr": 1e-3,
             "patience": 10,
-        },  # fmt: skip
+        },
     )
 
 
@@ -182,5 +183,8 @@ def evaluate_uci(model, test, part: uci.RegressionSplit, y_all_max: float, n_sam
         report["references"] = {"train_mean": constant_gaussian_report(ref_loc, ref_scale, t.numpy())}
         reports[name] = {**report, "units": name}
     head = "original" if part.protocol == "gal" else "scaled"
-    return {"test": reports.pop(head), "tests": reports,
-            "split": {"protocol": part.protocol, "index": part.index, "seed": part.seed}}  # fmt: skip
+    return {
+        "test": reports.pop(head),
+        "tests": reports,
+        "split": {"protocol": part.protocol, "index": part.index, "seed": part.seed},
+    }

@@ -127,8 +127,14 @@ class UdacityFrames(torch.utils.data.Dataset):
     Training (`augment_cfg` given): augmented on the fly from cached JPEG bytes, targets `labels`; otherwise the
     center frames (with their history) are decoded once into `tensors`, targets the raw recorded steering."""
 
-    def __init__(self, recordings: list[Recording], index: np.ndarray, augment_cfg: AugmentConfig | None = None,
-                 seed: int = 0, side_cameras: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        recordings: list[Recording],
+        index: np.ndarray,
+        augment_cfg: AugmentConfig | None = None,
+        seed: int = 0,
+        side_cameras: bool = True,
+    ):
         self.recordings, self.index = recordings, np.asarray(index, dtype=np.int64).reshape(-1, 2)
         self.augment_cfg, self.seed, self.side_cameras, self.epoch = augment_cfg, seed, side_cameras, 0
         field = "labels" if augment_cfg is not None else "raw"
@@ -224,8 +230,10 @@ def _check(opts: Options, data: Path | None) -> list[Path]:
 def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     recordings = [_read(opts, p) for p in _check(opts, data)]
     splits = [_split(opts, rec, k == 0, seed) for k, rec in enumerate(recordings)]
-    index = {part: np.concatenate([np.stack([np.full(len(s[part]), k), s[part]], 1) for k, s in enumerate(splits)])
-             for part in ("train", "val", "test")}  # fmt: skip
+    index = {
+        part: np.concatenate([np.stack([np.full(len(s[part]), k), s[part]], 1) for k, s in enumerate(splits)])
+        for part in ("train", "val", "test")
+    }
     for part, rows in index.items():
         if len(rows) == 0:
             raise UserError(f"task 'udacity': the {part} split is empty (check n_blocks, gap_s, max_rows)")
@@ -236,8 +244,9 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
     names = [rec.log.path.parent.name for rec in recordings]
     log.info("udacity %s: train %d, val %d, test %d frames", ",".join(names), *(len(index[k]) for k in index))
     blocks = [block_of(rec.t, opts.n_blocks, opts.max_gap_s) for rec in recordings]
-    test_keys = np.array([f"{names[r]}:{blocks[r][i]}" if len(recordings) > 1 else str(blocks[r][i])
-                          for r, i in index["test"]])  # fmt: skip
+    test_keys = np.array(
+        [f"{names[r]}:{blocks[r][i]}" if len(recordings) > 1 else str(blocks[r][i]) for r, i in index["test"]]
+    )
     by_recording = np.array([names[r] for r, _ in index["test"]])
 
     def evaluate(model) -> dict:
@@ -245,8 +254,10 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
         out = evaluate_udacity(model, test, groups, train_mean, opts.eval_samples, seed)
         pred = out.pop("_pred")
         if len(set(by_recording)) > 1:
-            out["tests"] = {str(name): _report(*_subset(pred, by_recording == name), train_mean)
-                            for name in dict.fromkeys(by_recording)}  # fmt: skip
+            out["tests"] = {
+                str(name): _report(*_subset(pred, by_recording == name), train_mean)
+                for name in dict.fromkeys(by_recording)
+            }
         return out
 
     first = fingerprint(recordings[0].log)
@@ -284,14 +295,16 @@ def _subset(pair, mask: np.ndarray):
 
 
 @torch.no_grad()
-def evaluate_udacity(model, test: UdacityFrames, groups: np.ndarray | None, train_mean: float, n_samples: int,
-                     seed: int) -> dict:  # fmt: skip
+def evaluate_udacity(
+    model, test: UdacityFrames, groups: np.ndarray | None, train_mean: float, n_samples: int, seed: int
+) -> dict:
     """The test report over all held-out frames, and one per group of test frames (`groups`: a key per frame)."""
     pred, y = predict_dataset(model, test, 256, n_samples or None, seed, next(model.parameters()).device.type)
     report = _report(pred, y, train_mean)
     if groups is not None:
-        report["per_block"] = {str(g): _report(*_subset((pred, y), groups == g), train_mean)
-                               for g in dict.fromkeys(groups)}  # fmt: skip
+        report["per_block"] = {
+            str(g): _report(*_subset((pred, y), groups == g), train_mean) for g in dict.fromkeys(groups)
+        }
     protocol = (
         "test = held-out contiguous time blocks of the recording(s), center camera, raw labels"
         if groups is not None

@@ -80,8 +80,11 @@ def _row(n: int, layers: tuple, cfg: Config, device: torch.device) -> tuple[dict
             t.grad = None
         F.scaled_dot_product_attention(*qkv).square().mean().backward()
 
-    steps = {"nsac": _train_step(nsac, x, lambda m, x: m(x, 1)), "sdpa_block": _train_step(block, x, lambda m, x: m(x)),
-             "sdpa_kernel": kernel_step}  # fmt: skip
+    steps = {
+        "nsac": _train_step(nsac, x, lambda m, x: m(x, 1)),
+        "sdpa_block": _train_step(block, x, lambda m, x: m(x)),
+        "sdpa_kernel": kernel_step,
+    }
     if n <= cfg.dense_limit:
         steps["nsac_dense"] = _train_step(dense, x, lambda m, x: m(x, 1))
     row: dict[str, float] = {"n": n}
@@ -108,8 +111,11 @@ def measure(cfg: Config, console: Console) -> dict:
     device = torch.device(cfg.device)
     torch.manual_seed(cfg.seed)
     d, h = cfg.d_model, cfg.n_heads
-    layers = (NSACAttention(d, h, top_k=cfg.top_k).to(device), NSACAttention(d, h, top_k=None).to(device),
-              SDPABlock(d, h).to(device))  # fmt: skip
+    layers = (
+        NSACAttention(d, h, top_k=cfg.top_k).to(device),
+        NSACAttention(d, h, top_k=None).to(device),
+        SDPABlock(d, h).to(device),
+    )
     readouts = {  # P = 2 (a 2-D action), P = 2d (the controller's pooled [mu_out ; s_out]), none (every token)
         "pooled": (torch.randn(2, 2 * d, device=device), torch.randn(2, device=device)),
         "pooled_2d": (torch.eye(2 * d, device=device), torch.zeros(2 * d, device=device)),
@@ -126,13 +132,20 @@ def measure(cfg: Config, console: Console) -> dict:
     slope = (logs[-1] - logs[0]) / (math.log(ns[-1]) - math.log(ns[0])) if len(ns) > 1 else float("nan")
     at64 = next((r for r in rows if r["n"] == 64), None)
     cuda = device.type == "cuda"
-    environment = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
-                   "cpu": platform.processor() or platform.machine(),
-                   "gpu": torch.cuda.get_device_name(device) if cuda else None}  # fmt: skip
-    method = {"time": "median of repeats; ratios from " + ("wall time (synchronised)" if cuda else
-                                                           f"process CPU time, {cfg.threads} intra-op thread(s)"),
-              "memory": "torch.cuda.max_memory_allocated above the start level" if cuda else METHOD["memory_cpu"],
-              "sdpa_block": METHOD["sdpa_block"], "sampling": METHOD["sampling"]}  # fmt: skip
+    environment = {
+        "torch": torch.__version__,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+    }
+    method = {
+        "time": "median of repeats; ratios from "
+        + ("wall time (synchronised)" if cuda else f"process CPU time, {cfg.threads} intra-op thread(s)"),
+        "memory": "torch.cuda.max_memory_allocated above the start level" if cuda else METHOD["memory_cpu"],
+        "sdpa_block": METHOD["sdpa_block"],
+        "sampling": METHOD["sampling"],
+    }
     summary = {
         "nsac_over_sdpa_block_at_64": at64["nsac_over_sdpa_block"] if at64 else None,
         "nsac_over_sdpa_kernel_at_64": at64["nsac_over_sdpa_kernel"] if at64 else None,
@@ -142,5 +155,11 @@ def measure(cfg: Config, console: Console) -> dict:
         "s32_over_s1_floor": {str(e["n"]): e["floor_ratio"] for e in sampling},
         "targets": TARGETS,
     }
-    return {"config": {**asdict(cfg), "out": str(cfg.out)}, "environment": environment, "method": method,
-            "attention": rows, "sampling": sampling, "summary": summary}  # fmt: skip
+    return {
+        "config": {**asdict(cfg), "out": str(cfg.out)},
+        "environment": environment,
+        "method": method,
+        "attention": rows,
+        "sampling": sampling,
+        "summary": summary,
+    }

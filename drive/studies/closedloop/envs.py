@@ -157,8 +157,10 @@ def bare_env(cfg: EnvRowsConfig) -> Bare:
     (drive/studies/closedloop/loops.py), so that a ratio's two sides meet the same state of a shared machine, not
     ones minutes apart (CPU time per step drifts by 2x in minutes, seen)."""
     limit = cfg.max_episode_steps
-    streams = {"renderer": random_episodes(cfg.steps, cfg.first_seed, cfg.first_seed, limit),
-               "renderer_driving": expert_episodes(cfg.expert, cfg.steps, cfg.first_seed, limit)}  # fmt: skip
+    streams = {
+        "renderer": random_episodes(cfg.steps, cfg.first_seed, cfg.first_seed, limit),
+        "renderer_driving": expert_episodes(cfg.expert, cfg.steps, cfg.first_seed, limit),
+    }
     return lambda: {key: gym_loop("renderer", episodes, limit) for key, episodes in streams.items()}
 
 
@@ -187,8 +189,12 @@ def envpool_loop(actions: np.ndarray, cfg: EnvRowsConfig) -> tuple[int, float, f
     """(steps, wall s, CPU s) of EnvPool in `--envpool-python`, or why it did not run."""
     python = cfg.envpool_python or sys.executable
     try:
-        done = subprocess.run([python, "-c", ENVPOOL_SCRIPT, str(cfg.max_episode_steps), str(cfg.first_seed)],
-                              input=actions.tobytes(), capture_output=True, timeout=600)  # fmt: skip
+        done = subprocess.run(
+            [python, "-c", ENVPOOL_SCRIPT, str(cfg.max_episode_steps), str(cfg.first_seed)],
+            input=actions.tobytes(),
+            capture_output=True,
+            timeout=600,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{python}: {exc}"
     lines = done.stdout.decode().strip().splitlines()
@@ -231,8 +237,11 @@ def measure_envs(cfg: EnvRowsConfig, console: Any) -> dict[str, Row]:
                 if env == "envpool" and note:
                     continue
                 with console.status(f"round {r + 1}/{cfg.rounds}: {ENV_LABELS[key]} ..."):
-                    got = (envpool_loop(np.concatenate([a for _, a in episodes]), cfg) if env == "envpool"
-                           else gym_loop(env, episodes, limit))  # fmt: skip
+                    got = (
+                        envpool_loop(np.concatenate([a for _, a in episodes]), cfg)
+                        if env == "envpool"
+                        else gym_loop(env, episodes, limit)
+                    )
                 note = got if isinstance(got, str) else note
                 runs[key] += [] if isinstance(got, str) else [got]
     if note:

@@ -37,9 +37,16 @@ def collect_run(cfg: LoopRowsConfig, workers: int, envs: int = 0) -> tuple[int, 
     from drive.observe.demonstrations import recorder_for
 
     with tempfile.TemporaryDirectory(prefix="bench_closedloop_") as tmp:
-        options = CollectOptions(out=Path(tmp), expert=cfg.expert, episodes=cfg.episodes, envs=envs,
-                                 seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}", workers=workers,
-                                 max_episode_steps=cfg.max_episode_steps, progress=False)  # fmt: skip
+        options = CollectOptions(
+            out=Path(tmp),
+            expert=cfg.expert,
+            episodes=cfg.episodes,
+            envs=envs,
+            seeds=f"{cfg.first_seed}-{cfg.first_seed + cfg.episodes - 1}",
+            workers=workers,
+            max_episode_steps=cfg.max_episode_steps,
+            progress=False,
+        )
         return timed(lambda: collect(options, recorder_for).frames)
 
 
@@ -57,11 +64,22 @@ def collect_rows(cfg: LoopRowsConfig, bare: Bare | None = None) -> dict[str, Row
                 besides.append(bare())
             else:
                 runs[key].append(collect_run(cfg, 1, plan[key]))
-    return {key: Row(f"collect {cfg.expert}, 1 worker" + (f", {plan[key]} cars" if plan[key] else ""),
-                     sum(n for n, _, _ in done), sum(w for _, w, _ in done), sum(c for _, _, c in done),
-                     detail={"episodes": cfg.episodes, "workers": 1, "envs": plan[key],
-                             "per_round_steps_per_cpu_s": [n / c for n, _, c in done], **beside(besides)})
-            for key, done in runs.items()}  # fmt: skip
+    return {
+        key: Row(
+            f"collect {cfg.expert}, 1 worker" + (f", {plan[key]} cars" if plan[key] else ""),
+            sum(n for n, _, _ in done),
+            sum(w for _, w, _ in done),
+            sum(c for _, _, c in done),
+            detail={
+                "episodes": cfg.episodes,
+                "workers": 1,
+                "envs": plan[key],
+                "per_round_steps_per_cpu_s": [n / c for n, _, c in done],
+                **beside(besides),
+            },
+        )
+        for key, done in runs.items()
+    }
 
 
 def beside(besides: list[dict[str, tuple[int, float, float]]]) -> dict[str, dict[str, list[list[float]]]]:
@@ -91,11 +109,17 @@ def eval_row(cfg: LoopRowsConfig, k: int, workers: int, bare: Bare | None = None
 
     label = f"eval S={cfg.samples}, K={k} cars, {workers} worker{'s' * (workers > 1)}"
     n = cfg.eval_episodes * workers
-    options = EvalOptions(policy=cfg.policy, seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}", workers=workers,  # type: ignore[call-arg]
-                          samples=cfg.samples, max_episode_steps=cfg.eval_max_episode_steps, progress=False,
-                          envs=k, failure_horizon=0)  # fmt: skip
+    options = EvalOptions(
+        policy=cfg.policy,
+        seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}",
+        workers=workers,  # type: ignore[call-arg]
+        samples=cfg.samples,
+        max_episode_steps=cfg.eval_max_episode_steps,
+        progress=False,
+        envs=k,
+        failure_horizon=0,
+    )
     before = [bare()] if bare else []
     steps, wall, cpu = timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
     after = [bare()] if bare else []
-    return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers,
-                                                **beside(before + after)})  # fmt: skip
+    return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers, **beside(before + after)})

@@ -96,14 +96,18 @@ def round_ranges(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, list[fl
     ratio of the sums lies in between; a range that straddles a target says this machine's drift, not the code,
     decided that verdict. None where neither side has rounds or one is missing."""
     best = f"eval_k{best_eval(rows, ks)}"
-    pairs = {"renderer_over_envpool": ("renderer", "envpool"), "renderer_over_stock": ("renderer", "stock"),
-             "collect1_over_renderer": ("collect1", "renderer"), "eval_best_over_renderer": (best, "renderer"),
-             "renderer_over_envpool_driving": ("renderer_driving", "envpool_driving"),
-             "renderer_driving_over_renderer": ("renderer_driving", "renderer"),
-             "state_over_envpool_driving": ("state_driving", "envpool_driving"),
-             "collect1_over_renderer_driving": ("collect1", "renderer_driving"),
-             "eval_best_over_renderer_driving": (best, "renderer_driving"),
-             **{f"{key}_over_collect1": (key, "collect1") for key in rows if key.startswith("collect1_k")}}  # fmt: skip
+    pairs = {
+        "renderer_over_envpool": ("renderer", "envpool"),
+        "renderer_over_stock": ("renderer", "stock"),
+        "collect1_over_renderer": ("collect1", "renderer"),
+        "eval_best_over_renderer": (best, "renderer"),
+        "renderer_over_envpool_driving": ("renderer_driving", "envpool_driving"),
+        "renderer_driving_over_renderer": ("renderer_driving", "renderer"),
+        "state_over_envpool_driving": ("state_driving", "envpool_driving"),
+        "collect1_over_renderer_driving": ("collect1", "renderer_driving"),
+        "eval_best_over_renderer_driving": (best, "renderer_driving"),
+        **{f"{key}_over_collect1": (key, "collect1") for key in rows if key.startswith("collect1_k")},
+    }
 
     def rounds(key: str) -> list[float] | None:
         row = rows.get(key)

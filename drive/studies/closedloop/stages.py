@@ -48,22 +48,34 @@ EVAL_STAGES: tuple[Stage, ...] = (
 TARGETS = {"collect": 0.9, "eval": 0.8}
 
 
-def split(stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float, target: float,
-          counters: list[int]) -> dict[str, Any]:  # fmt: skip
+def split(
+    stages: tuple[Stage, ...], spent: list[int], steps: int, wall_s: float, target: float, counters: list[int]
+) -> dict[str, Any]:
     """Per-step microseconds of each stage, the rest, the env's share, what `target` leaves the loop, and the garbage
     collector's time (already inside the stages it interrupted)."""
-    rows = [{"depth": depth, "label": label, "us_per_step": ns / steps / 1e3}
-            for (depth, label, _, _), ns in zip(stages, spent, strict=True)]  # fmt: skip
+    rows = [
+        {"depth": depth, "label": label, "us_per_step": ns / steps / 1e3}
+        for (depth, label, _, _), ns in zip(stages, spent, strict=True)
+    ]
     total = wall_s * 1e6 / steps
     top = sum(row["us_per_step"] for row in rows if row["depth"] == 0)
     rows.append({"depth": 0, "label": "the rest: the loop's own Python, start-up, timers", "us_per_step": total - top})
     env = sum(row["us_per_step"] for row in rows[: len(_ENV)])
     gc_ns, gc_longest, gc_full, faults = counters
-    return {"steps": steps, "us_per_step": total, "stages": rows, "env_us": env, "over_env_us": total - env,
-            "target": target, "allowed_over_env_us": env * (1 / target - 1),
-            "garbage_collector_us": gc_ns / steps / 1e3, "garbage_collector_longest_ms": gc_longest / 1e6,
-            "garbage_collector_full_runs": gc_full, "objects_frozen": gc.get_freeze_count(),
-            "page_faults_per_step": faults / steps}  # fmt: skip
+    return {
+        "steps": steps,
+        "us_per_step": total,
+        "stages": rows,
+        "env_us": env,
+        "over_env_us": total - env,
+        "target": target,
+        "allowed_over_env_us": env * (1 / target - 1),
+        "garbage_collector_us": gc_ns / steps / 1e3,
+        "garbage_collector_longest_ms": gc_longest / 1e6,
+        "garbage_collector_full_runs": gc_full,
+        "objects_frozen": gc.get_freeze_count(),
+        "page_faults_per_step": faults / steps,
+    }
 
 
 @contextmanager
@@ -121,14 +133,19 @@ def print_stages(console: Any, stages: dict[str, dict[str, Any]], k: int) -> Non
         for col in ("stage", "us", "share"):
             table.add_column(col, justify="left" if col == "stage" else "right")
         for row in got["stages"]:
-            table.add_row("  " * row["depth"] + row["label"], f"{row['us_per_step']:.1f}",
-                          f"{100 * row['us_per_step'] / got['us_per_step']:.1f} %")  # fmt: skip
+            table.add_row(
+                "  " * row["depth"] + row["label"],
+                f"{row['us_per_step']:.1f}",
+                f"{100 * row['us_per_step'] / got['us_per_step']:.1f} %",
+            )
         table.add_row("whole step", f"{got['us_per_step']:.1f}", "100 %")
         console.print(table)
-        console.print(f"{loop}: {got['over_env_us']:.1f} us per step over the env's {got['env_us']:.1f}; at "
-                      f"{got['target']}x the env alone a step may spend {got['allowed_over_env_us']:.1f}. Python's "
-                      f"garbage collector: {got['garbage_collector_us']:.2f} us per step inside the stages above, "
-                      f"{got['garbage_collector_full_runs']} full runs, the longest pause "
-                      f"{got['garbage_collector_longest_ms']:.1f} ms; {got['objects_frozen']} objects frozen at "
-                      f"start-up (drive/loop/heap.py freeze_heap); {got['page_faults_per_step']:.1f} page faults "
-                      "per step, start-up included")  # fmt: skip
+        console.print(
+            f"{loop}: {got['over_env_us']:.1f} us per step over the env's {got['env_us']:.1f}; at "
+            f"{got['target']}x the env alone a step may spend {got['allowed_over_env_us']:.1f}. Python's "
+            f"garbage collector: {got['garbage_collector_us']:.2f} us per step inside the stages above, "
+            f"{got['garbage_collector_full_runs']} full runs, the longest pause "
+            f"{got['garbage_collector_longest_ms']:.1f} ms; {got['objects_frozen']} objects frozen at "
+            f"start-up (drive/loop/heap.py freeze_heap); {got['page_faults_per_step']:.1f} page faults "
+            "per step, start-up included"
+        )

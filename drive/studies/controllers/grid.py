@@ -76,8 +76,13 @@ def drive_cells(study: Study, progress: bool = True) -> int:
     from drive.loop.evaluate import evaluate
     from drive.loop.options import EvalOptions
 
-    todo = [(c, cond) for c in offline.cells(study.grid) if _trained(c) for cond in study.conditions
-            if not loop_path(c, cond).is_file()]  # fmt: skip
+    todo = [
+        (c, cond)
+        for c in offline.cells(study.grid)
+        if _trained(c)
+        for cond in study.conditions
+        if not loop_path(c, cond).is_file()
+    ]
     done = 0
     for cell, condition in tqdm(todo, desc="closed loop", unit="run", disable=not progress, dynamic_ncols=True):
         path = loop_path(cell, condition)
@@ -85,9 +90,16 @@ def drive_cells(study: Study, progress: bool = True) -> int:
         if held is None or path.is_file():
             continue
         try:
-            opts = EvalOptions(policy=f"ckpt:{cell.run_dir / 'best.pt'}", seeds=study.eval_seeds, progress=False,
-                               perturb="" if condition == CLEAN else condition, failure_horizon=0, envs=study.envs,
-                               max_episode_steps=study.max_episode_steps, device=study.grid.device)  # fmt: skip
+            opts = EvalOptions(
+                policy=f"ckpt:{cell.run_dir / 'best.pt'}",
+                seeds=study.eval_seeds,
+                progress=False,
+                perturb="" if condition == CLEAN else condition,
+                failure_horizon=0,
+                envs=study.envs,
+                max_episode_steps=study.max_episode_steps,
+                device=study.grid.device,
+            )
             result = evaluate(opts)
             atomic_write(path, (json.dumps(result, indent=1) + "\n").encode())
             done += 1
@@ -114,8 +126,9 @@ def expert_cell(study: Study) -> None:
     if held is None:
         return
     try:
-        opts = EvalOptions(policy=f"expert:{expert}", seeds=study.eval_seeds, progress=False,
-                           max_episode_steps=study.max_episode_steps)  # fmt: skip
+        opts = EvalOptions(
+            policy=f"expert:{expert}", seeds=study.eval_seeds, progress=False, max_episode_steps=study.max_episode_steps
+        )
         atomic_write(path, (json.dumps(evaluate(opts), indent=1) + "\n").encode())
     finally:
         held.unlink(missing_ok=True)
@@ -143,8 +156,15 @@ def ood_cells(study: Study) -> int:
         if held is None:
             continue
         try:
-            detect(OODOptions(ckpt=tuple(c.run_dir / "best.pt" for c in runs), out=path, perturb=study.ood,
-                              max_episodes=study.ood_episodes, threads=study.grid.threads))  # fmt: skip
+            detect(
+                OODOptions(
+                    ckpt=tuple(c.run_dir / "best.pt" for c in runs),
+                    out=path,
+                    perturb=study.ood,
+                    max_episodes=study.ood_episodes,
+                    threads=study.grid.threads,
+                )
+            )
             done += 1
         finally:
             held.unlink(missing_ok=True)
@@ -158,8 +178,11 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def _loop_values(result: dict[str, Any]) -> dict[str, float]:
     n = max(1, int(result["n_episodes"]))
-    return {"return": result["mean_return"], "laps": result["laps_finished"] / n,
-            **{k: result.get(k) for k in LOOP_METRICS if k not in ("return", "laps")}}  # fmt: skip
+    return {
+        "return": result["mean_return"],
+        "laps": result["laps_finished"] / n,
+        **{k: result.get(k) for k in LOOP_METRICS if k not in ("return", "laps")},
+    }
 
 
 def per_seed(study: Study) -> dict[str, dict[str, dict[int, float]]]:
@@ -232,6 +255,13 @@ def aggregate(study: Study) -> dict[str, Any]:
             f"{CLEAN} {k}": interval([v]) | {"seeds": []} for k, v in _loop_values(expert).items() if v is not None
         }
     commands = {c.row: c.command for c in offline.cells(study.grid) if c.seed == study.grid.seeds[0]}
-    return {"reference": study.reference, "seeds": list(study.grid.seeds), "eval_seeds": study.eval_seeds,
-            "shifts": list(study.shifts), "ood": _families(study), "alpha": ALPHA, "rows": rows,
-            "train_commands": commands}  # fmt: skip
+    return {
+        "reference": study.reference,
+        "seeds": list(study.grid.seeds),
+        "eval_seeds": study.eval_seeds,
+        "shifts": list(study.shifts),
+        "ood": _families(study),
+        "alpha": ALPHA,
+        "rows": rows,
+        "train_commands": commands,
+    }

@@ -13,8 +13,7 @@ from drive.studies.over_seeds import cell_text
 
 
 def _table(results: dict[str, Any], metrics: list[tuple[str, str]]) -> list[str]:
-    lines = ["| row | n | " + " | ".join(label for _, label in metrics) + " |",
-             "|---|---|" + "---|" * len(metrics)]  # fmt: skip
+    lines = ["| row | n | " + " | ".join(label for _, label in metrics) + " |", "|---|---|" + "---|" * len(metrics)]
     for row, values in results["rows"].items():
         n = max((values[key]["n"] for key, _ in metrics if key in values), default=0)
         lines.append(f"| {row} | {n} | " + " | ".join(cell_text(values.get(key)) for key, _ in metrics) + " |")
@@ -25,8 +24,11 @@ def headline(results: dict[str, Any]) -> list[str]:
     """The README's table: return, laps and coverage clean; the share of it kept under each shift; OOD AUROC on the
     held-out families (mean) and on NSAC's surrogate families; the offline test NLL."""
     fam = results["ood"]
-    metrics = [(f"{CLEAN} return", "return clean"), (f"{CLEAN} laps", "lap share"),
-               (f"{CLEAN} coverage90_steer", "cov90 steer")]  # fmt: skip
+    metrics = [
+        (f"{CLEAN} return", "return clean"),
+        (f"{CLEAN} laps", "lap share"),
+        (f"{CLEAN} coverage90_steer", "cov90 steer"),
+    ]
     metrics += [(f"{shift} retained", f"return kept, {shift}") for shift in results["shifts"]]
     if fam["held_out"]:
         metrics.append(("ood held-out mean", "OOD AUROC, held-out families"))
@@ -59,18 +61,31 @@ def markdown(results: dict[str, Any], command: str) -> str:
         *_table(results, [(f"{CLEAN} {m}", m) for m in LOOP_METRICS]),
     ]
     for shift in results["shifts"]:
-        out += ["", f"## Closed loop under `{shift}`", "",
-                "retained: return under the shift / clean return, per seed; epistemic_ratio: the mean steering "
-                "epistemic variance under the shift / clean.", "",
-                *_table(results, [(f"{shift} {m}", m) for m in SHIFT_METRICS])]  # fmt: skip
+        out += [
+            "",
+            f"## Closed loop under `{shift}`",
+            "",
+            "retained: return under the shift / clean return, per seed; epistemic_ratio: the mean steering "
+            "epistemic variance under the shift / clean.",
+            "",
+            *_table(results, [(f"{shift} {m}", m) for m in SHIFT_METRICS]),
+        ]
     if fam["held_out"] or fam["surrogate"]:
-        out += ["", "## OOD detection: AUROC of the epistemic variance, perturbed frames against clean ones", "",
-                f"Held-out families (no method trains on them): {', '.join(fam['held_out']) or 'none'}; NSAC's "
-                f"training surrogate draws from {', '.join(fam['surrogate']) or 'none of those given'}, so its "
-                "figures there are in-family and reported apart.", "",
-                *_table(results, [("ood held-out mean", "held-out mean")]
-                        + [(f"ood {f}", f) for f in fam["held_out"]]
-                        + [(f"ood {f}", f"{f} (NSAC's surrogate)") for f in fam["surrogate"]])]  # fmt: skip
+        out += [
+            "",
+            "## OOD detection: AUROC of the epistemic variance, perturbed frames against clean ones",
+            "",
+            f"Held-out families (no method trains on them): {', '.join(fam['held_out']) or 'none'}; NSAC's "
+            f"training surrogate draws from {', '.join(fam['surrogate']) or 'none of those given'}, so its "
+            "figures there are in-family and reported apart.",
+            "",
+            *_table(
+                results,
+                [("ood held-out mean", "held-out mean")]
+                + [(f"ood {f}", f) for f in fam["held_out"]]
+                + [(f"ood {f}", f"{f} (NSAC's surrogate)") for f in fam["surrogate"]],
+            ),
+        ]
     out += ["", "## Commands: one training run per row (seed 0; seeds 1, 2 change --seed and --out)", ""]
     out += [f"- {row}: `{cmd}`" for row, cmd in results["train_commands"].items()]
     return "\n".join(out) + "\n"

@@ -84,9 +84,15 @@ def run_points(out: Path, suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
     from drive.loop.evaluate import evaluate  # torch and the simulator: not for `--help`
     from drive.loop.options import EvalOptions
 
-    base = EvalOptions(seeds=suite.seeds, workers=suite.workers, envs=suite.envs, samples=suite.samples,
-                       max_episode_steps=suite.max_episode_steps, progress=suite.progress,
-                       failure_horizon=0)  # fmt: skip
+    base = EvalOptions(
+        seeds=suite.seeds,
+        workers=suite.workers,
+        envs=suite.envs,
+        samples=suite.samples,
+        max_episode_steps=suite.max_episode_steps,
+        progress=suite.progress,
+        failure_horizon=0,
+    )
     grid: dict[str, dict[str, dict[str, Any]]] = {}
     for index, controller in enumerate(suite.controllers):
         for variant in suite.variants:
@@ -97,14 +103,17 @@ def run_points(out: Path, suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
                 else:
                     perturb = "" if variant == CLEAN else variant
                     shadow = None if gate == "expert" else "none"  # the expert gate hands over to the shadow expert
-                    result = evaluate(replace(base, policy=f"ckpt:{controller}", perturb=perturb, fallback=gate,
-                                              shadow=shadow))  # fmt: skip
+                    result = evaluate(
+                        replace(base, policy=f"ckpt:{controller}", perturb=perturb, fallback=gate, shadow=shadow)
+                    )
                     point = summarise(result, gated=gate != "off")
                     atomic_write(path, (json.dumps(point, indent=1) + "\n").encode())
                 grid.setdefault(controller, {}).setdefault(variant, {})[gate] = point
-                print(f"{controller} {short(variant)} {gate}: return {point['mean_return']:.1f} ± "
-                      f"{point['std_return']:.1f}, off-track {point['off_track_per_episode']:.2f} "
-                      "per episode")  # fmt: skip
+                print(
+                    f"{controller} {short(variant)} {gate}: return {point['mean_return']:.1f} ± "
+                    f"{point['std_return']:.1f}, off-track {point['off_track_per_episode']:.2f} "
+                    "per episode"
+                )
     return grid
 
 
@@ -113,18 +122,22 @@ def summarise(result: Mapping[str, Any], gated: bool) -> dict[str, Any]:
     episodes = result["episodes"]
     returns = np.array([e["return"] for e in episodes], float)
     out: dict[str, Any] = {
-        "episodes": len(episodes), "mean_return": float(returns.mean()), "std_return": float(returns.std()),
-        "returns": returns.tolist(), "mean_completion": float(np.mean([e["completion"] for e in episodes])),
+        "episodes": len(episodes),
+        "mean_return": float(returns.mean()),
+        "std_return": float(returns.std()),
+        "returns": returns.tolist(),
+        "mean_completion": float(np.mean([e["completion"] for e in episodes])),
         "off_track_per_episode": float(np.mean([e["off_track_events"] for e in episodes])),
         "epistemic": [float(e.get("epistemic_var_steer", math.nan)) for e in episodes],
         "wall_s": float(result.get("wall_s", math.nan)),
-    }  # fmt: skip
+    }
     if gated:
         plain = {e["seed"]: e for e in result.get("episodes_no_fallback", [])}
         failing = [e for e in episodes if plain.get(e["seed"], {}).get("off_track_events", 0) > 0]
         out["failures_ungated"] = len(failing)
-        out["failures_prevented"] = (sum(1 for e in failing if e["off_track_events"] == 0) / len(failing)
-                                     if failing else math.nan)  # fmt: skip
+        out["failures_prevented"] = (
+            sum(1 for e in failing if e["off_track_events"] == 0) / len(failing) if failing else math.nan
+        )
         out["handed_over"] = float(np.mean([e.get("fallback_fraction", 0.0) for e in episodes]))
         out["threshold"] = result.get("fallback", {}).get("threshold")
     return out
@@ -144,8 +157,13 @@ def signal(grid: Mapping[str, Mapping[str, Any]], variant: str, n_null: int = 10
     pooled, rng = np.concatenate([clean, shifted]), np.random.default_rng(0)
     draws = [metrics.auroc(*np.split(rng.permutation(pooled), [len(clean)])) for _ in range(n_null)]
     low, high = (float(q) for q in np.quantile(draws, [0.025, 0.975]))
-    return {"mean": float(shifted.mean()), "ratio": float(shifted.mean() / clean.mean()) if clean.mean() else math.nan,
-            "auroc": auroc, "null": [low, high], "clears": auroc > high}  # fmt: skip
+    return {
+        "mean": float(shifted.mean()),
+        "ratio": float(shifted.mean() / clean.mean()) if clean.mean() else math.nan,
+        "auroc": auroc,
+        "null": [low, high],
+        "clears": auroc > high,
+    }
 
 
 def over_seeds(grid: Mapping[str, Mapping[str, Any]], suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
@@ -153,16 +171,26 @@ def over_seeds(grid: Mapping[str, Mapping[str, Any]], suite: Suite) -> dict[str,
     groups: dict[str, list[str]] = {}
     for controller in grid:
         groups.setdefault(SEED_PART.sub("seed*", controller), []).append(controller)
-    return {name: {v: {g: interval([grid[c][v][g]["mean_return"] for c in members]) for g in ("off", *suite.gates)}
-                   for v in suite.variants} for name, members in groups.items()}  # fmt: skip
+    return {
+        name: {
+            v: {g: interval([grid[c][v][g]["mean_return"] for c in members]) for g in ("off", *suite.gates)}
+            for v in suite.variants
+        }
+        for name, members in groups.items()
+    }
 
 
 def run(out: Path, suite: Suite) -> dict[str, Any]:
     grid = run_points(out, suite)
     wall = sum(p.get("wall_s", math.nan) for by in grid.values() for gates in by.values() for p in gates.values())
-    results = {"suite": suite.__dict__, "points": grid, "published": PUBLISHED, "points_wall_s": wall,
-               "signal": {c: {v: signal(g, v) for v in suite.variants if v != CLEAN} for c, g in grid.items()},
-               "over_seeds": over_seeds(grid, suite)}  # fmt: skip
+    results = {
+        "suite": suite.__dict__,
+        "points": grid,
+        "published": PUBLISHED,
+        "points_wall_s": wall,
+        "signal": {c: {v: signal(g, v) for v in suite.variants if v != CLEAN} for c, g in grid.items()},
+        "over_seeds": over_seeds(grid, suite),
+    }
     atomic_write(out / "results.json", (json.dumps(results, indent=1) + "\n").encode())
     return results
 
@@ -205,12 +233,20 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         for g in runs:
             cells = [f"{by[v][g]['off_track_per_episode']:.2f} / {by[v][g]['mean_completion']:.2f}" for v in variants]
             lines.append(_row(_label(controller, g), cells))
-    lines += ["", "## The gates: episodes whose ungated run left the road: the share the gated run kept on it (steps "
-              "handed over)", "", *head]  # fmt: skip
+    lines += [
+        "",
+        "## The gates: episodes whose ungated run left the road: the share the gated run kept on it (steps "
+        "handed over)",
+        "",
+        *head,
+    ]
     for controller, by in grid.items():
         for g in gates:
-            cells = [f"{by[v][g]['failures_ungated']}: {_share(by[v][g]['failures_prevented'])} "
-                     f"({by[v][g]['handed_over']:.2f})" for v in variants]  # fmt: skip
+            cells = [
+                f"{by[v][g]['failures_ungated']}: {_share(by[v][g]['failures_prevented'])} "
+                f"({by[v][g]['handed_over']:.2f})"
+                for v in variants
+            ]
             lines.append(_row(_label(controller, g), cells))
     shifted = [v for v in variants if v != CLEAN]
     title = (
@@ -219,8 +255,11 @@ def tables(results: Mapping[str, Any]) -> list[str]:
     )
     lines += ["", title, "", _row("controller", [short(v) for v in shifted]), "|---|" + "---|" * len(shifted)]
     for controller, by in results["signal"].items():
-        cells = [f"{by[v]['ratio']:.2f}x, {by[v]['auroc']:.2f}{' *' if by[v]['clears'] else ''} "
-                 f"(null {by[v]['null'][0]:.2f}-{by[v]['null'][1]:.2f})" for v in shifted]  # fmt: skip
+        cells = [
+            f"{by[v]['ratio']:.2f}x, {by[v]['auroc']:.2f}{' *' if by[v]['clears'] else ''} "
+            f"(null {by[v]['null'][0]:.2f}-{by[v]['null'][1]:.2f})"
+            for v in shifted
+        ]
         lines.append(_row(_name(controller), cells))
     seeded = {k: v for k, v in results["over_seeds"].items() if "seed*" in k}
     if seeded:

@@ -88,20 +88,39 @@ class RunSettings:
 
 def run_cell(cell: Cell, run: RunSettings) -> list[dict[str, Any]]:
     """The cell's episodes, one record per seed (seed order) with its per-step arrays."""
-    options: dict[str, Any] = {"samples": run.samples, "shadow": run.shadow, "seed": run.seed, "device": "cpu",
-                               "fallback": cell.fallback}  # fmt: skip
+    options: dict[str, Any] = {
+        "samples": run.samples,
+        "shadow": run.shadow,
+        "seed": run.seed,
+        "device": "cpu",
+        "fallback": cell.fallback,
+    }
     if cell.fallback != "off":
         options["fallback_threshold"] = cell.threshold
-    settings = {"env": "carracing", "max_episode_steps": run.max_episode_steps, "failures": True,
-                "policy_options": tuple(sorted(options.items())),
-                "perturb": "" if cell.condition == NOMINAL else cell.condition}  # fmt: skip
+    settings = {
+        "env": "carracing",
+        "max_episode_steps": run.max_episode_steps,
+        "failures": True,
+        "policy_options": tuple(sorted(options.items())),
+        "perturb": "" if cell.condition == NOMINAL else cell.condition,
+    }
     factory = MonitorFactory(cell.controller, run.selforacle, run.thirdeye)
     seeds = list(cell.seeds)
-    tasks = [(f"ckpt:{cell.controller}", settings, tuple(seeds[i : i + run.envs]))
-             for i in range(0, len(seeds), run.envs)]  # fmt: skip
+    tasks = [
+        (f"ckpt:{cell.controller}", settings, tuple(seeds[i : i + run.envs])) for i in range(0, len(seeds), run.envs)
+    ]
     records: list[dict[str, Any]] = []
-    run_tasks(evaluate_episodes, tasks, run.workers, records.extend, show=run.progress, label=cell.name[:40],
-              extra=(factory,), ray=run.ray, size=episodes_in)  # fmt: skip
+    run_tasks(
+        evaluate_episodes,
+        tasks,
+        run.workers,
+        records.extend,
+        show=run.progress,
+        label=cell.name[:40],
+        extra=(factory,),
+        ray=run.ray,
+        size=episodes_in,
+    )
     return sorted(records, key=lambda r: r["seed"])
 
 
@@ -116,9 +135,17 @@ def save_cell(path: Path, cell: Cell, records: Sequence[dict[str, Any]], seconds
         for key in ARRAYS:
             arrays[f"{key}_{i}"] = np.asarray(record.get(key, np.zeros(0)))
         episodes.append({k: v for k, v in record.items() if k not in ARRAYS})
-    meta = {"cell": {"controller": portable(cell.controller), "condition": cell.condition, "seeds": list(cell.seeds),
-                     "fallback": cell.fallback, "threshold": cell.threshold},
-            "episodes": episodes, "seconds": seconds}  # fmt: skip
+    meta = {
+        "cell": {
+            "controller": portable(cell.controller),
+            "condition": cell.condition,
+            "seeds": list(cell.seeds),
+            "fallback": cell.fallback,
+            "threshold": cell.threshold,
+        },
+        "episodes": episodes,
+        "seconds": seconds,
+    }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
@@ -146,8 +173,10 @@ def ensure_cell(out: Path, cell: Cell, run: RunSettings) -> dict[str, Any]:
     if path.is_file():
         saved = load_cell(path)
         if saved["cell"]["seeds"] != list(cell.seeds) or not _same(saved["cell"]["threshold"], cell.threshold):
-            raise ValueError(f"{path} holds other seeds or another threshold than this run asks for; use another "
-                             "--out or delete the cell")  # fmt: skip
+            raise ValueError(
+                f"{path} holds other seeds or another threshold than this run asks for; use another "
+                "--out or delete the cell"
+            )
         return saved
     start = time.perf_counter()
     records = run_cell(cell, run)
@@ -185,8 +214,10 @@ class Plan:
 
     def __post_init__(self) -> None:
         if not 0 < self.level < 1 or int(self.ttm) != self.ttm or self.ttm < 1 or self.protocol not in SCORINGS:
-            raise ValueError(f"Plan: level in (0, 1), a whole ttm >= 1, protocol in {SCORINGS}; got {self.level}, "
-                             f"{self.ttm}, {self.protocol!r}")  # fmt: skip
+            raise ValueError(
+                f"Plan: level in (0, 1), a whole ttm >= 1, protocol in {SCORINGS}; got {self.level}, "
+                f"{self.ttm}, {self.protocol!r}"
+            )
         if self.gate_signal not in GATES:
             raise ValueError(f"Plan: gate_signal {self.gate_signal!r}, choose one of {sorted(GATES)}")
         object.__setattr__(self, "levels", tuple(sorted({*self.levels, self.level})))
@@ -213,15 +244,30 @@ class Plan:
 
 
 def _results(plan: Plan, settings: dict[str, Any]) -> dict[str, Any]:
-    return {"plan": {**plan.__dict__}, "protocol": report.protocol_settings(plan.protocol_config),
-            "settings": settings, "controllers": {}, "published": report.PUBLISHED}  # fmt: skip
+    return {
+        "plan": {**plan.__dict__},
+        "protocol": report.protocol_settings(plan.protocol_config),
+        "settings": settings,
+        "controllers": {},
+        "published": report.PUBLISHED,
+    }
 
 
 def _predicted(plan: Plan, cells: dict[str, Any], families: dict[str, tuple[str, bool]] | None = None) -> dict:
     """A controller's prediction tables and episode counts from its ungated cells ({condition: cell})."""
-    return {"prediction": report.prediction(cells, plan.protocol_config, plan.levels, plan.ttms, plan.n_boot,
-                                            plan.seed, (plan.level, plan.ttm), families),
-            "episodes": {c: _summary(v) for c, v in cells.items()}}  # fmt: skip
+    return {
+        "prediction": report.prediction(
+            cells,
+            plan.protocol_config,
+            plan.levels,
+            plan.ttms,
+            plan.n_boot,
+            plan.seed,
+            (plan.level, plan.ttm),
+            families,
+        ),
+        "episodes": {c: _summary(v) for c, v in cells.items()},
+    }
 
 
 def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) -> dict[str, Any]:
@@ -259,22 +305,29 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
             entry |= _predicted(plan, cells)
             try:
                 threshold = (
-                    report.nominal_threshold(cells[NOMINAL], plan.level, cfg, plan.gate_signal,
-                                             plan.calibration_seeds) if plan.fallback != "off" else None
-                )  # fmt: skip
+                    report.nominal_threshold(cells[NOMINAL], plan.level, cfg, plan.gate_signal, plan.calibration_seeds)
+                    if plan.fallback != "off"
+                    else None
+                )
             except ValueError as exc:  # a controller that misbehaves on every nominal run: nothing to gate on
                 entry["fallback_skipped"] = f"no prevention cells: {exc}"
                 threshold = None
             if threshold is not None:
-                entry["fallback"] = {"mode": plan.fallback, "threshold": threshold, "level": plan.level,
-                                     "signal": plan.gate_signal, "calibrated_on": list(plan.calibration_seeds),
-                                     "conditions": {}}  # fmt: skip
+                entry["fallback"] = {
+                    "mode": plan.fallback,
+                    "threshold": threshold,
+                    "level": plan.level,
+                    "signal": plan.gate_signal,
+                    "calibrated_on": list(plan.calibration_seeds),
+                    "conditions": {},
+                }
                 for condition, ungated in cells.items():
                     seeds = plan.false_alarm_seeds if condition == NOMINAL else plan.seeds
                     gated = cell(Cell(controller, condition, seeds, plan.gate, threshold))
                     if gated is not None:
-                        entry["fallback"]["conditions"][condition] = report.prevention(ungated, gated, plan.n_boot,
-                                                                                       plan.seed)  # fmt: skip
+                        entry["fallback"]["conditions"][condition] = report.prevention(
+                            ungated, gated, plan.n_boot, plan.seed
+                        )
         results["controllers"][controller] = entry
     results["cells_wall_s"] = seconds
     results["over_seeds"] = report.over_seeds(results)
@@ -288,11 +341,18 @@ def score_records(folder: Path, plan: Plan) -> dict[str, Any]:
     monitors = records.load_monitors(plan.monitors)
     controllers, families = records.read_records(folder)
     conditions = dict.fromkeys(c for cells in controllers.values() for c in cells if c != NOMINAL)
-    seeds = {c: sorted({ep["seed"] for cells in controllers.values() for ep in cells.get(c, {}).get("episodes", [])})
-             for c in (NOMINAL, *conditions)}  # fmt: skip
-    plan = replace(plan, controllers=tuple(controllers), shifts=tuple(conditions), fallback="off",
-                   nominal_seeds=tuple(seeds[NOMINAL]),
-                   seeds=tuple(sorted({s for c in conditions for s in seeds[c]})))  # fmt: skip
+    seeds = {
+        c: sorted({ep["seed"] for cells in controllers.values() for ep in cells.get(c, {}).get("episodes", [])})
+        for c in (NOMINAL, *conditions)
+    }
+    plan = replace(
+        plan,
+        controllers=tuple(controllers),
+        shifts=tuple(conditions),
+        fallback="off",
+        nominal_seeds=tuple(seeds[NOMINAL]),
+        seeds=tuple(sorted({s for c in conditions for s in seeds[c]})),
+    )
     results = _results(plan, {"from_records": str(folder)})
     for controller, cells in controllers.items():
         records.with_monitors(cells, monitors)
@@ -307,7 +367,10 @@ def score_records(folder: Path, plan: Plan) -> dict[str, Any]:
 def _summary(cell: dict[str, Any]) -> dict[str, Any]:
     eps = cell["episodes"]
     returns = [e["return"] for e in eps if "return" in e]  # records keep no returns
-    return {"episodes": len(eps), "misbehaving": sum(1 for e in eps if e.get("events")),
-            "misbehaviours": sum(len(e.get("events", [])) for e in eps),
-            "mean_return": float(np.mean(returns)) if returns else float("nan"),
-            "seconds": cell.get("seconds")}  # fmt: skip
+    return {
+        "episodes": len(eps),
+        "misbehaving": sum(1 for e in eps if e.get("events")),
+        "misbehaviours": sum(len(e.get("events", [])) for e in eps),
+        "mean_return": float(np.mean(returns)) if returns else float("nan"),
+        "seconds": cell.get("seconds"),
+    }

@@ -39,8 +39,9 @@ class MonitorFactory:
     thirdeye: bool = True
 
     def names(self) -> tuple[str, ...]:
-        return (("selforacle",) if self.selforacle else ()) + (("thirdeye_avg", "thirdeye_avg_grad") if self.thirdeye
-                                                                else ())  # fmt: skip
+        return (("selforacle",) if self.selforacle else ()) + (
+            ("thirdeye_avg", "thirdeye_avg_grad") if self.thirdeye else ()
+        )
 
     def __call__(self, env: Any, spec: str) -> MonitorRecorder:
         return MonitorRecorder(self, _models(self.ckpt, self.selforacle, self.thirdeye))
@@ -57,8 +58,10 @@ def _models(ckpt: str, selforacle: str | None, thirdeye: bool) -> tuple[Any, Any
         vae = load_monitor(selforacle)[0] if selforacle else None
         controller, payload = load_controller(ckpt) if thirdeye else (None, {})
         if thirdeye and str(payload.get("data", {}).get("input", "frames")) != "frames":
-            raise ValueError(f"{ckpt}: ThirdEye rebuilds the controller's input from its coded frames; this one "
-                             f"transforms them ({payload['data']['input']!r})")  # fmt: skip
+            raise ValueError(
+                f"{ckpt}: ThirdEye rebuilds the controller's input from its coded frames; this one "
+                f"transforms them ({payload['data']['input']!r})"
+            )
         k = int(payload.get("config", {}).get("encoder", {}).get("n_tokens", 4))
         _MODELS.clear()
         _MODELS[key] = (vae, controller, k)

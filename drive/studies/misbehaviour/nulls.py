@@ -34,8 +34,9 @@ def _with_scores(ep: Episode, scores: np.ndarray) -> Episode:
     return Episode(scores, ep.onsets, ep.nominal, ep.busy)
 
 
-def block_permuted(episodes: Sequence[Episode], rng: np.random.Generator, block_s: float = 1.0,
-                   cfg: ProtocolConfig = DEFAULTS) -> list[Episode]:  # fmt: skip
+def block_permuted(
+    episodes: Sequence[Episode], rng: np.random.Generator, block_s: float = 1.0, cfg: ProtocolConfig = DEFAULTS
+) -> list[Episode]:
     """The episodes with each one's scored steps shuffled in blocks of block_s s; labels, onsets and busy masks kept."""
     size, start = max(1, int(round(block_s * cfg.fps))), cfg.warmup_steps
     out = []
@@ -46,11 +47,14 @@ def block_permuted(episodes: Sequence[Episode], rng: np.random.Generator, block_
     return out
 
 
-def information_free(episodes: Sequence[Episode], rng: np.random.Generator,
-                     cfg: ProtocolConfig = DEFAULTS) -> list[Episode]:  # fmt: skip
+def information_free(
+    episodes: Sequence[Episode], rng: np.random.Generator, cfg: ProtocolConfig = DEFAULTS
+) -> list[Episode]:
     """The episodes with every score drawn i.i.d. from the pooled nominal scored steps; labels kept."""
-    pool = np.concatenate([e.scores[cfg.warmup_steps :][~left_out(e, cfg)[cfg.warmup_steps :]]
-                           for e in episodes if e.nominal] or [np.empty(0)])  # fmt: skip
+    pool = np.concatenate(
+        [e.scores[cfg.warmup_steps :][~left_out(e, cfg)[cfg.warmup_steps :]] for e in episodes if e.nominal]
+        or [np.empty(0)]
+    )
     if len(pool) == 0:
         raise ValueError("information_free needs nominal episodes with scored steps to draw from")
     return [_with_scores(ep, rng.choice(pool, len(ep.scores))) for ep in episodes]
@@ -76,17 +80,29 @@ class Controlled(NamedTuple):
 
 def clears(row: Row, null_rows: Sequence[Row]) -> Clears:
     """Whether `row`'s F3 and AUROC intervals lie wholly above those of every null row."""
-    return Clears(row.level, row.ttm, all(row.low.f3 > n.high.f3 for n in null_rows),
-                  all(row.low.auroc > n.high.auroc for n in null_rows))  # fmt: skip
+    return Clears(
+        row.level,
+        row.ttm,
+        all(row.low.f3 > n.high.f3 for n in null_rows),
+        all(row.low.auroc > n.high.auroc for n in null_rows),
+    )
 
 
-def with_nulls(episodes: Sequence[Episode], cfg: ProtocolConfig = DEFAULTS,
-               levels: Sequence[float] = CONFIDENCE_LEVELS, ttms: Sequence[int] = TTMS, n_boot: int = 1000,
-               seed: int = 0, block_s: float = 1.0) -> Controlled:  # fmt: skip
+def with_nulls(
+    episodes: Sequence[Episode],
+    cfg: ProtocolConfig = DEFAULTS,
+    levels: Sequence[float] = CONFIDENCE_LEVELS,
+    ttms: Sequence[int] = TTMS,
+    n_boot: int = 1000,
+    seed: int = 0,
+    block_s: float = 1.0,
+) -> Controlled:
     """The monitor's rows, its nulls' rows (same settings, same bootstrap seed) and the flags of `clears`."""
     rng = np.random.default_rng(seed)
-    nulls = {"block_permuted": block_permuted(episodes, rng, block_s, cfg),
-             "information_free": information_free(episodes, rng, cfg)}  # fmt: skip
+    nulls = {
+        "block_permuted": block_permuted(episodes, rng, block_s, cfg),
+        "information_free": information_free(episodes, rng, cfg),
+    }
     rows = evaluate(episodes, cfg, levels, ttms, n_boot, seed)
     null_rows = {name: evaluate(eps, cfg, levels, ttms, n_boot, seed) for name, eps in nulls.items()}
     return Controlled(rows, null_rows, [clears(row, [r[k] for r in null_rows.values()]) for k, row in enumerate(rows)])

@@ -187,8 +187,14 @@ def _ratio(num: float, den: float) -> float:
 
 def rates(tp: float, fn: float, fp: float, tn: float) -> tuple[float, float, float, float, float, float]:
     """precision, recall, FPR, accuracy, F1 and F3 = TP / (TP + 0.1 FP + 0.9 FN) from window counts."""
-    return (_ratio(tp, tp + fp), _ratio(tp, tp + fn), _ratio(fp, fp + tn), _ratio(tp + tn, tp + fn + fp + tn),
-            _ratio(2 * tp, 2 * tp + fp + fn), _ratio(tp, tp + 0.1 * fp + 0.9 * fn))  # fmt: skip
+    return (
+        _ratio(tp, tp + fp),
+        _ratio(tp, tp + fn),
+        _ratio(fp, fp + tn),
+        _ratio(tp + tn, tp + fn + fp + tn),
+        _ratio(2 * tp, 2 * tp + fp + fn),
+        _ratio(tp, tp + 0.1 * fp + 0.9 * fn),
+    )
 
 
 def _ranking(positive: np.ndarray, negative: np.ndarray) -> tuple[float, float]:
@@ -208,8 +214,14 @@ def _cat(arrays: Iterable[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.empty(0), *arrays])
 
 
-def _figures(prep: _Prepared, folds: Sequence[np.ndarray], shifted: np.ndarray, levels: Sequence[float],
-             ttms: Sequence[int], cfg: ProtocolConfig) -> np.ndarray:  # fmt: skip
+def _figures(
+    prep: _Prepared,
+    folds: Sequence[np.ndarray],
+    shifted: np.ndarray,
+    levels: Sequence[float],
+    ttms: Sequence[int],
+    cfg: ProtocolConfig,
+) -> np.ndarray:
     """(L, TTM, F) every figure of the nominal episodes in `folds` (index arrays) and the shifted ones in `shifted`.
     One fold: in-sample, thresholds fitted on it count its false positives. Two (the halves): each half's thresholds
     count the other half's false positives, and each misbehaviour window is scored against both, weight 1/2 each."""
@@ -222,8 +234,10 @@ def _figures(prep: _Prepared, folds: Sequence[np.ndarray], shifted: np.ndarray, 
     if len(folds) == 1:
         counted = [(deployed, every)]
     else:  # (thresholds fitted on one half, the other half's windows they count)
-        counted = [(fit_threshold(negatives[0], levels, cfg.threshold_fit), negatives[1]),
-                   (fit_threshold(negatives[1], levels, cfg.threshold_fit), negatives[0])]  # fmt: skip
+        counted = [
+            (fit_threshold(negatives[0], levels, cfg.threshold_fit), negatives[1]),
+            (fit_threshold(negatives[1], levels, cfg.threshold_fit), negatives[0]),
+        ]
     horizons = [h for i in shifted for h in prep.horizons[i]]
     leads = [[lead for t, _ in counted for lead in lead_steps(horizons, t[i])] for i in range(len(levels))]
     for j, ttm in enumerate(ttms):
@@ -245,9 +259,14 @@ def nominal_folds(n_nominal: int, cfg: ProtocolConfig) -> list[np.ndarray]:
     return [np.arange(0, n_nominal, 2), np.arange(1, n_nominal, 2)]
 
 
-def evaluate(episodes: Sequence[Episode], cfg: ProtocolConfig = DEFAULTS,
-             levels: Sequence[float] = CONFIDENCE_LEVELS, ttms: Sequence[int] = TTMS, n_boot: int = 1000,
-             seed: int = 0) -> list[Row]:  # fmt: skip
+def evaluate(
+    episodes: Sequence[Episode],
+    cfg: ProtocolConfig = DEFAULTS,
+    levels: Sequence[float] = CONFIDENCE_LEVELS,
+    ttms: Sequence[int] = TTMS,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> list[Row]:
     """One Row per (level, TTM): the figures on all episodes and their 95 % bootstrap interval over episodes."""
     nominal = [e for e in episodes if e.nominal]
     shifted = [e for e in episodes if not e.nominal]
@@ -258,16 +277,22 @@ def evaluate(episodes: Sequence[Episode], cfg: ProtocolConfig = DEFAULTS,
     split = nominal_folds(len(nominal), cfg)
     per_ttm = {ttm: [misbehaviour_windows(e, ttm, cfg) for e in shifted] for ttm in ttms}
     scored = [nominal_windows(e, cfg) for e in nominal]
-    prep = _Prepared([w for w, _ in scored], {ttm: [w[0] for w in ws] for ttm, ws in per_ttm.items()},
-                     [lead_horizons(e, cfg) for e in shifted])  # fmt: skip
+    prep = _Prepared(
+        [w for w, _ in scored],
+        {ttm: [w[0] for w in ws] for ttm, ws in per_ttm.items()},
+        [lead_horizons(e, cfg) for e in shifted],
+    )
     counts = [sum(len(prep.nominal[i]) for i in fold) for fold in split]
     if sum(counts) < 2 or min(counts) < 1:
-        raise ValueError(f"too few nominal windows of {cfg.fps} steps to fit a threshold: {counts} in "
-                         f"{len(nominal)} nominal episodes ({cfg.threshold_split})")  # fmt: skip
+        raise ValueError(
+            f"too few nominal windows of {cfg.fps} steps to fit a threshold: {counts} in "
+            f"{len(nominal)} nominal episodes ({cfg.threshold_split})"
+        )
 
     def stat(*picks: np.ndarray) -> np.ndarray:  # one index array per fold (a stratum each), then the shifted runs
-        return _figures(prep, [fold[p] for fold, p in zip(split, picks[:-1], strict=True)], picks[-1], levels, ttms,
-                        cfg)  # fmt: skip
+        return _figures(
+            prep, [fold[p] for fold, p in zip(split, picks[:-1], strict=True)], picks[-1], levels, ttms, cfg
+        )
 
     value = stat(*(np.arange(len(f)) for f in split), np.arange(len(shifted)))
     low, high = metrics.bootstrap(stat, (*(len(f) for f in split), len(shifted)), n_boot, seed)
@@ -276,6 +301,17 @@ def evaluate(episodes: Sequence[Episode], cfg: ProtocolConfig = DEFAULTS,
     for i, level in enumerate(levels):
         for j, ttm in enumerate(ttms):
             before, overlap, merged = (int(n) for n in np.array([w[1:] for w in per_ttm[ttm]]).sum(0))
-            rows.append(Row(level, ttm, Figures(*value[i, j]), Figures(*low[i, j]), Figures(*high[i, j]),
-                            before, overlap, merged, left))  # fmt: skip
+            rows.append(
+                Row(
+                    level,
+                    ttm,
+                    Figures(*value[i, j]),
+                    Figures(*low[i, j]),
+                    Figures(*high[i, j]),
+                    before,
+                    overlap,
+                    merged,
+                    left,
+                )
+            )
     return rows

@@ -83,16 +83,20 @@ def load_monitors(specs: Sequence[str]) -> tuple[UserMonitor, ...]:
     names = [m.name for m in monitors]
     twice = next((m for m in monitors if names.count(m.name) > 1), None)
     if twice is not None:
-        raise UserError(f"--monitor {twice.spec!r}: another --monitor is also named {twice.name!r} (a monitor is named "
-                        "by its function): rename one")  # fmt: skip
+        raise UserError(
+            f"--monitor {twice.spec!r}: another --monitor is also named {twice.name!r} (a monitor is named "
+            "by its function): rename one"
+        )
     return monitors
 
 
 def _load(spec: str) -> UserMonitor:
     module, sep, name = spec.rpartition(":")
     if not sep or not module or not name.isidentifier():
-        raise UserError(f"--monitor {spec!r}: expected module:function, a function of one episode's record importable "
-                        "from the PYTHONPATH")  # fmt: skip
+        raise UserError(
+            f"--monitor {spec!r}: expected module:function, a function of one episode's record importable "
+            "from the PYTHONPATH"
+        )
     try:
         mod = importlib.import_module(module)
     except Exception as exc:  # any failure to import is the user's module, reported as one line
@@ -112,8 +116,10 @@ def _call(monitor: UserMonitor, record: Mapping[str, np.ndarray], n: int) -> np.
     except (TypeError, ValueError):
         raise UserError(f"--monitor {monitor.spec!r}: returned {type(out).__name__}, not an array of numbers") from None
     if scores.shape != (n,):
-        raise UserError(f"--monitor {monitor.spec!r}: returned shape {scores.shape} for an episode of {n} steps; a "
-                        f"monitor returns one score per step, shape ({n},)")  # fmt: skip
+        raise UserError(
+            f"--monitor {monitor.spec!r}: returned shape {scores.shape} for an episode of {n} steps; a "
+            f"monitor returns one score per step, shape ({n},)"
+        )
     bad = np.flatnonzero(~np.isfinite(scores))
     if len(bad):
         raise UserError(f"--monitor {monitor.spec!r}: score {scores[bad[0]]} at step {bad[0]}; scores must be finite")
@@ -129,8 +135,10 @@ def monitor_scores(monitor: UserMonitor, scores: Mapping[str, np.ndarray], n: in
         early = _call(monitor, {k: v[:half] for k, v in record.items()}, half)
         moved = np.flatnonzero(~np.isclose(early, out[:half], rtol=1e-6, atol=1e-12))
         if len(moved):
-            raise UserError(f"--monitor {monitor.spec!r}: its score at step {moved[0]} changes when steps {half}.. "
-                            f"are withheld; a monitor's score at step t may use steps <= t only")  # fmt: skip
+            raise UserError(
+                f"--monitor {monitor.spec!r}: its score at step {moved[0]} changes when steps {half}.. "
+                f"are withheld; a monitor's score at step t may use steps <= t only"
+            )
     return out
 
 
@@ -156,8 +164,10 @@ def _episode_table(controller: str, condition: str, ep: Mapping[str, Any], monit
     scores = report.scores_of(ep)
     n = len(ep["busy"])
     if list(scores) != monitors or any(len(v) != n for v in scores.values()):
-        raise ValueError(f"records of {controller}, {condition}, seed {ep['seed']}: monitors {list(scores)} of "
-                         f"lengths {[len(v) for v in scores.values()]}, expected {monitors} of {n} steps")  # fmt: skip
+        raise ValueError(
+            f"records of {controller}, {condition}, seed {ep['seed']}: monitors {list(scores)} of "
+            f"lengths {[len(v) for v in scores.values()]}, expected {monitors} of {n} steps"
+        )
     onset, kinds = np.zeros(n, bool), [""] * n
     for event in ep.get("events", []):
         t = int(event["t"])
@@ -166,13 +176,26 @@ def _episode_table(controller: str, condition: str, ep: Mapping[str, Any], monit
         onset[t] = True
         kinds[t] = "+".join(k for k in (kinds[t], str(event.get("kind", UNKNOWN_KIND))) if k)
     name, group = _family_group(condition)
-    columns: dict[str, Any] = {"controller": [controller] * n, "condition": [condition] * n, "family": [name] * n,
-                               "group": [group] * n, "seed": np.full(n, int(ep["seed"]), np.int64),
-                               "step": np.arange(n, dtype=np.int64), "nominal": np.full(n, condition == NOMINAL),
-                               "busy": np.asarray(ep["busy"], bool), "onset": onset, "misbehaviour": kinds}  # fmt: skip
+    columns: dict[str, Any] = {
+        "controller": [controller] * n,
+        "condition": [condition] * n,
+        "family": [name] * n,
+        "group": [group] * n,
+        "seed": np.full(n, int(ep["seed"]), np.int64),
+        "step": np.arange(n, dtype=np.int64),
+        "nominal": np.full(n, condition == NOMINAL),
+        "busy": np.asarray(ep["busy"], bool),
+        "onset": onset,
+        "misbehaviour": kinds,
+    }
     columns |= {m: np.asarray(v) for m, v in scores.items()}
-    types = {"controller": pa.string(), "condition": pa.string(), "family": pa.string(), "group": pa.string(),
-             "misbehaviour": pa.string()}  # fmt: skip
+    types = {
+        "controller": pa.string(),
+        "condition": pa.string(),
+        "family": pa.string(),
+        "group": pa.string(),
+        "misbehaviour": pa.string(),
+    }
     return pa.table({k: pa.array(v, types.get(k)) for k, v in columns.items()})
 
 
@@ -197,8 +220,10 @@ def record_files(folder: Path) -> list[Path]:
     base = folder / "records" if (folder / "records").is_dir() else folder
     files = sorted(p for p in base.glob("*.parquet") if not p.name.startswith(".")) if base.is_dir() else []
     if not files:
-        raise UserError(f"--from-records {folder}: no records there (expected {folder}/records/*.parquet as "
-                        "drive bench misbehaviour writes them, or *.parquet files in the folder itself)")  # fmt: skip
+        raise UserError(
+            f"--from-records {folder}: no records there (expected {folder}/records/*.parquet as "
+            "drive bench misbehaviour writes them, or *.parquet files in the folder itself)"
+        )
     return sorted(files, key=lambda p: _position(p))
 
 
@@ -233,49 +258,71 @@ def read_records(folder: Path) -> tuple[dict[str, dict[str, Any]], dict[str, tup
         cells.setdefault(condition, {"episodes": []})["episodes"].append(_episode(controller, condition, seed, parts))
     for controller, cells in out.items():
         if NOMINAL not in cells:
-            raise UserError(f"--from-records {folder}: {controller} has no nominal episodes (condition {NOMINAL!r}): "
-                            "the thresholds are fitted on them")  # fmt: skip
+            raise UserError(
+                f"--from-records {folder}: {controller} has no nominal episodes (condition {NOMINAL!r}): "
+                "the thresholds are fitted on them"
+            )
         sets = {tuple(ep["scores"]) for cell in cells.values() for ep in cell["episodes"]}
         if len(sets) > 1:
-            raise UserError(f"--from-records {folder}: the episodes of {controller} hold different monitors "
-                            f"{sorted(sets)}; every episode needs the same")  # fmt: skip
+            raise UserError(
+                f"--from-records {folder}: the episodes of {controller} hold different monitors "
+                f"{sorted(sets)}; every episode needs the same"
+            )
         out[controller] = {NOMINAL: cells[NOMINAL], **{c: v for c, v in cells.items() if c != NOMINAL}}
     return out, families
 
 
-def _read_file(path: Path, episodes: dict[tuple[str, str, int], list[_Rows]],
-               families: dict[str, tuple[str, bool]]) -> None:  # fmt: skip
+def _read_file(
+    path: Path, episodes: dict[tuple[str, str, int], list[_Rows]], families: dict[str, tuple[str, bool]]
+) -> None:
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UserError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())})") from None
     missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
-        raise UserError(f"{path}: records lack column(s) {missing} (the schema: drive/studies/misbehaviour/records.py "
-                        "or docs/misbehaviour.md)")  # fmt: skip
+        raise UserError(
+            f"{path}: records lack column(s) {missing} (the schema: drive/studies/misbehaviour/records.py "
+            "or docs/misbehaviour.md)"
+        )
     holes = [c for c in LABELS if c in table.column_names and table.column(c).null_count]
     monitors = [f.name for f in table.schema if f.name not in LABELS and pa.types.is_floating(f.type)]
     if holes or not monitors:
-        raise UserError(f"{path}: " + (f"missing values in {holes}" if holes else "no monitor column (a floating-point "
-                                       f"column besides {list(LABELS)})"))  # fmt: skip
+        raise UserError(
+            f"{path}: "
+            + (
+                f"missing values in {holes}"
+                if holes
+                else f"no monitor column (a floating-point column besides {list(LABELS)})"
+            )
+        )
     col = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
     n = table.num_rows
     controller = col["controller"] if "controller" in col else np.full(n, path.stem, object)
     condition, seed = col["condition"], col["seed"].astype(np.int64)
     if "nominal" in col and np.any(col["nominal"].astype(bool) != (condition == NOMINAL)):
         raise UserError(f"{path}: `nominal` disagrees with `condition` (nominal episodes are condition {NOMINAL!r})")
-    cut = np.flatnonzero((controller[1:] != controller[:-1]) | (condition[1:] != condition[:-1])
-                         | (seed[1:] != seed[:-1])) + 1  # fmt: skip
+    cut = (
+        np.flatnonzero(
+            (controller[1:] != controller[:-1]) | (condition[1:] != condition[:-1]) | (seed[1:] != seed[:-1])
+        )
+        + 1
+    )
     kinds = col.get("misbehaviour")
     for start, stop in zip(np.r_[0, cut], np.r_[cut, n], strict=True):
         key = (str(controller[start]), str(condition[start]), int(seed[start]))
         if key[1] not in families:
             families[key[1]] = _family_of(path, key[1], col, start)
         rows = slice(start, stop)
-        episodes.setdefault(key, []).append(_Rows(col["step"][rows], col["busy"][rows].astype(bool),
-                                                  col["onset"][rows].astype(bool),
-                                                  None if kinds is None else kinds[rows],
-                                                  {m: col[m][rows] for m in monitors}))  # fmt: skip
+        episodes.setdefault(key, []).append(
+            _Rows(
+                col["step"][rows],
+                col["busy"][rows].astype(bool),
+                col["onset"][rows].astype(bool),
+                None if kinds is None else kinds[rows],
+                {m: col[m][rows] for m in monitors},
+            )
+        )
 
 
 def _family_of(path: Path, condition: str, col: Mapping[str, np.ndarray], row: int) -> tuple[str, bool]:
@@ -286,24 +333,31 @@ def _family_of(path: Path, condition: str, col: Mapping[str, np.ndarray], row: i
     try:
         return report.family(condition)
     except ValueError as exc:
-        raise UserError(f"{path}: condition {condition!r}: {exc} (give family and group columns to score it "
-                        "without its shift)") from None  # fmt: skip
+        raise UserError(
+            f"{path}: condition {condition!r}: {exc} (give family and group columns to score it without its shift)"
+        ) from None
 
 
 def _episode(controller: str, condition: str, seed: int, parts: list[_Rows]) -> dict[str, Any]:
     step = np.concatenate([p.step for p in parts])
     order = np.argsort(step, kind="stable")
-    if not np.array_equal(step[order], np.arange(len(step))) or any(p.scores.keys() != parts[0].scores.keys()
-                                                                    for p in parts):  # fmt: skip
-        raise UserError(f"records of {controller}, {condition}, seed {seed}: the steps are not 0..T-1 each once, "
-                        "or its rows lie in files with other monitor columns")  # fmt: skip
+    if not np.array_equal(step[order], np.arange(len(step))) or any(
+        p.scores.keys() != parts[0].scores.keys() for p in parts
+    ):
+        raise UserError(
+            f"records of {controller}, {condition}, seed {seed}: the steps are not 0..T-1 each once, "
+            "or its rows lie in files with other monitor columns"
+        )
 
     def joined(get: Callable[[_Rows], Any]) -> np.ndarray:
         return np.concatenate([get(p) for p in parts])[order]
 
     onset = joined(lambda p: p.onset)
     kinds = joined(lambda p: p.kinds) if all(p.kinds is not None for p in parts) else np.full(len(step), "", object)
-    events = [{"t": int(t), "kind": kind} for t in np.flatnonzero(onset)
-              for kind in (str(kinds[t]) or UNKNOWN_KIND).split("+")]  # fmt: skip
+    events = [
+        {"t": int(t), "kind": kind}
+        for t in np.flatnonzero(onset)
+        for kind in (str(kinds[t]) or UNKNOWN_KIND).split("+")
+    ]
     scores = {m: joined(lambda p, m=m: p.scores[m]) for m in parts[0].scores}
     return {"seed": seed, "events": events, "busy": joined(lambda p: p.busy), "scores": scores}

@@ -80,8 +80,10 @@ def groups(conditions: Sequence[str], families: Mapping[str, tuple[str, bool]] |
     where known already (records: no need to import a user's shift)."""
     known = families or {}
     shifted = {c: known[c] if c in known else family(c) for c in conditions if c != NOMINAL}
-    out = {"held_out": [c for c, (_, surrogate) in shifted.items() if not surrogate],
-           "surrogate": [c for c, (_, surrogate) in shifted.items() if surrogate]}  # fmt: skip
+    out = {
+        "held_out": [c for c, (_, surrogate) in shifted.items() if not surrogate],
+        "surrogate": [c for c, (_, surrogate) in shifted.items() if surrogate],
+    }
     for c, (name, _) in shifted.items():
         out.setdefault(f"family:{name}", []).append(c)
     return {k: v for k, v in out.items() if v}
@@ -91,10 +93,16 @@ def _episode(ep: Mapping[str, Any], monitor: str, nominal: bool) -> protocol.Epi
     return protocol.Episode(scores_of(ep)[monitor], _onsets(ep), nominal, busy=np.asarray(ep["busy"]))
 
 
-def prediction(cells: Mapping[str, Mapping[str, Any]], cfg: protocol.ProtocolConfig, levels: Sequence[float],
-               ttms: Sequence[int], n_boot: int, seed: int,
-               field_at: tuple[float, int] | None = None,
-               families: Mapping[str, tuple[str, bool]] | None = None) -> dict[str, Any]:  # fmt: skip
+def prediction(
+    cells: Mapping[str, Mapping[str, Any]],
+    cfg: protocol.ProtocolConfig,
+    levels: Sequence[float],
+    ttms: Sequence[int],
+    n_boot: int,
+    seed: int,
+    field_at: tuple[float, int] | None = None,
+    families: Mapping[str, tuple[str, bool]] | None = None,
+) -> dict[str, Any]:
     """{group: {monitor: [row dicts]}} for one controller's ungated cells ({condition: cell}); with `field_at`
     (the headline's level, TTM): {group: {"nulls": {monitor: ...}}}, each monitor's two null controls through the
     same pipeline at that level and TTM (drive/studies/misbehaviour/nulls.py), and, under a protocol other than the
@@ -108,8 +116,12 @@ def prediction(cells: Mapping[str, Mapping[str, Any]], cfg: protocol.ProtocolCon
     field_at = None if cfg == protocol.FIELD else field_at
     for group, conditions in groups(list(cells), families).items():
         shifted = [ep for c in conditions for ep in cells[c]["episodes"] if _onsets(ep)]
-        table: dict[str, Any] = {"conditions": conditions, "misbehaving_episodes": len(shifted),
-                                 "misbehaviours": sum(len(_onsets(ep)) for ep in shifted), "monitors": {}}  # fmt: skip
+        table: dict[str, Any] = {
+            "conditions": conditions,
+            "misbehaving_episodes": len(shifted),
+            "misbehaviours": sum(len(_onsets(ep)) for ep in shifted),
+            "monitors": {},
+        }
         if headline is not None:
             table["nulls"] = {}
         if field_at is not None:
@@ -128,29 +140,46 @@ def prediction(cells: Mapping[str, Mapping[str, Any]], cfg: protocol.ProtocolCon
                 table["nulls"][monitor] = _nulls(episodes, cfg, level, ttm, n_boot, seed)
             if field_at is not None:
                 level, ttm = field_at
-                table["field"][monitor] = _row(protocol.evaluate(episodes, protocol.FIELD, [level], [ttm], n_boot,
-                                                                 seed)[0])  # fmt: skip
+                table["field"][monitor] = _row(
+                    protocol.evaluate(episodes, protocol.FIELD, [level], [ttm], n_boot, seed)[0]
+                )
         out["groups"][group] = table
     return out
 
 
-def _nulls(episodes: Sequence[protocol.Episode], cfg: protocol.ProtocolConfig, level: float, ttm: int, n_boot: int,
-           seed: int) -> dict[str, Any]:  # fmt: skip
+def _nulls(
+    episodes: Sequence[protocol.Episode], cfg: protocol.ProtocolConfig, level: float, ttm: int, n_boot: int, seed: int
+) -> dict[str, Any]:
     """The monitor's null controls at (level, TTM): each null's row and whether the monitor's interval clears them."""
     controlled = nulls.with_nulls(episodes, cfg, [level], [ttm], n_boot, seed)
     flags = controlled.clears[0]
-    return {**{name: _row(rows[0]) for name, rows in controlled.nulls.items()},
-            "clears": {"f3": bool(flags.f3), "auroc": bool(flags.auroc)}}  # fmt: skip
+    return {
+        **{name: _row(rows[0]) for name, rows in controlled.nulls.items()},
+        "clears": {"f3": bool(flags.f3), "auroc": bool(flags.auroc)},
+    }
 
 
 def _row(row: protocol.Row) -> dict[str, Any]:
-    return {"level": row.level, "ttm": row.ttm, "value": row.value._asdict(), "low": row.low._asdict(),
-            "high": row.high._asdict(), "before_start": row.before_start, "overlap": row.overlap,
-            "merged": row.merged, "nominal_left_out": row.nominal_left_out}  # fmt: skip
+    return {
+        "level": row.level,
+        "ttm": row.ttm,
+        "value": row.value._asdict(),
+        "low": row.low._asdict(),
+        "high": row.high._asdict(),
+        "before_start": row.before_start,
+        "overlap": row.overlap,
+        "merged": row.merged,
+        "nominal_left_out": row.nominal_left_out,
+    }
 
 
-def nominal_threshold(nominal: Mapping[str, Any], level: float, cfg: protocol.ProtocolConfig,
-                      monitor: str = "epistemic_sum", seeds: Sequence[int] | None = None) -> float:  # fmt: skip
+def nominal_threshold(
+    nominal: Mapping[str, Any],
+    level: float,
+    cfg: protocol.ProtocolConfig,
+    monitor: str = "epistemic_sum",
+    seeds: Sequence[int] | None = None,
+) -> float:
     """The fallback's threshold: the protocol's threshold on the declared monitor over the nominal runs of `seeds`
     (default: all), fitted on their scored windows (a misbehaving run's misbehaviours and the 3 s before each left
     out). Under scoring `alike` a window's score is its raw per-step maximum, so a gate that fires when the per-step
@@ -161,8 +190,10 @@ def nominal_threshold(nominal: Mapping[str, Any], level: float, cfg: protocol.Pr
     values = np.concatenate(windows) if windows else np.zeros(0)
     if len(values) < 2:
         bad = sum(1 for ep in episodes if _onsets(ep))
-        raise ValueError(f"too few nominal windows to fit the fallback threshold ({bad} of the {len(episodes)} "
-                         "nominal runs it is fitted on misbehave): give more --nominal-seeds")  # fmt: skip
+        raise ValueError(
+            f"too few nominal windows to fit the fallback threshold ({bad} of the {len(episodes)} "
+            "nominal runs it is fitted on misbehave): give more --nominal-seeds"
+        )
     return float(protocol.fit_threshold(values, [level], cfg.threshold_fit)[0])
 
 
@@ -192,26 +223,36 @@ def prevention(ungated: Mapping[str, Any], gated: Mapping[str, Any], n_boot: int
 
     n = len(pairs)
     return {
-        "episodes": n, "misbehaviours_without": int(before.sum()), "misbehaviours_with": int(after.sum()),
-        "prevented": _interval(lambda idx: 1 - ratio(after, before)(idx) if before[idx].sum() else math.nan, n,
-                               n_boot, seed),
+        "episodes": n,
+        "misbehaviours_without": int(before.sum()),
+        "misbehaviours_with": int(after.sum()),
+        "prevented": _interval(
+            lambda idx: 1 - ratio(after, before)(idx) if before[idx].sum() else math.nan, n, n_boot, seed
+        ),
         "return_without": _interval(lambda idx: float(ret_a[idx].mean()), n, n_boot, seed),
         "return_with": _interval(lambda idx: float(ret_b[idx].mean()), n, n_boot, seed),
         "interventions_per_km": _interval(ratio(interventions, km), n, n_boot, seed),
         "benign_episodes": int(benign.sum()),
-        "handed_over_benign": _interval(lambda idx: float(handed[idx][benign[idx]].mean())
-                                        if benign[idx].any() else math.nan, n, n_boot, seed),
-    }  # fmt: skip
+        "handed_over_benign": _interval(
+            lambda idx: float(handed[idx][benign[idx]].mean()) if benign[idx].any() else math.nan, n, n_boot, seed
+        ),
+    }
 
 
 def protocol_settings(cfg: protocol.ProtocolConfig) -> dict[str, Any]:
     nominal = "the trailing-mean score" if cfg.scoring == "field" else "the same score"
-    split = ("fitted on one half of the nominal runs, false positives counted on the other"
-             if cfg.threshold_split == "halves" else "fitted and counted on the same nominal runs")  # fmt: skip
-    return {**asdict(cfg), "window_steps": cfg.fps,
-            "windows": f"TTM s: frames [onset - TTM*fps, onset - (TTM-1)*fps); nominal: consecutive fps-frame windows "
-                       f"of {nominal}; a window's score is its {cfg.aggregate}; the first {cfg.warmup_s:g} s of every "
-                       f"run not scored; thresholds {split}"}  # fmt: skip
+    split = (
+        "fitted on one half of the nominal runs, false positives counted on the other"
+        if cfg.threshold_split == "halves"
+        else "fitted and counted on the same nominal runs"
+    )
+    return {
+        **asdict(cfg),
+        "window_steps": cfg.fps,
+        "windows": f"TTM s: frames [onset - TTM*fps, onset - (TTM-1)*fps); nominal: consecutive fps-frame windows "
+        f"of {nominal}; a window's score is its {cfg.aggregate}; the first {cfg.warmup_s:g} s of every "
+        f"run not scored; thresholds {split}",
+    }
 
 
 SEED_PART = re.compile(r"(?<![^/])seed\d+(?![^/])")  # a whole path part: runs/de/seed2/best.pt
@@ -258,17 +299,21 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             table = entries[c].get("prediction", {}).get("groups", {}).get("held_out", {})
             misbehaviours.append(table.get("misbehaviours", 0))
             for monitor, rows in table.get("monitors", {}).items():
-                row = next((r for r in rows if abs(r["level"] - plan["level"]) < 1e-12 and r["ttm"] == plan["ttm"]),
-                           None)  # fmt: skip
+                row = next(
+                    (r for r in rows if abs(r["level"] - plan["level"]) < 1e-12 and r["ttm"] == plan["ttm"]), None
+                )
                 for metric in PREDICTION_METRICS if row else ():
                     values.setdefault(monitor, {}).setdefault(metric, []).append(row["value"][metric])
             if entries[c].get("fallback"):
                 for metric, v in _pooled_prevention(entries[c]["fallback"], table.get("conditions", [])).items():
                     prevention.setdefault(metric, []).append(v)
-        out[group] = {"checkpoints": members, "not_run": [c for c in every if c not in members],
-                      "misbehaviours": misbehaviours,
-                      "monitors": {m: {k: interval(v) for k, v in by.items()} for m, by in values.items()},
-                      "prevention": {k: interval(v) for k, v in prevention.items()}}  # fmt: skip
+        out[group] = {
+            "checkpoints": members,
+            "not_run": [c for c in every if c not in members],
+            "misbehaviours": misbehaviours,
+            "monitors": {m: {k: interval(v) for k, v in by.items()} for m, by in values.items()},
+            "prevention": {k: interval(v) for k, v in prevention.items()},
+        }
     for name, entry in out.items():  # Welch's p against every other group; the first group is the marked reference
         figures = [(("monitors", m), by) for m, by in entry["monitors"].items()] + [
             (("prevention",), entry["prevention"])

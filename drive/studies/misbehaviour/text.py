@@ -18,8 +18,9 @@ from drive.studies.over_seeds import cell_text
 
 
 def _ci(v: dict[str, float], key: str | None = None, fmt: str = ".2f") -> str:
-    value, low, high = (v["value"], v["low"], v["high"]) if key is None else (v["value"][key], v["low"][key],
-                                                                               v["high"][key])  # fmt: skip
+    value, low, high = (
+        (v["value"], v["low"], v["high"]) if key is None else (v["value"][key], v["low"][key], v["high"][key])
+    )
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     interval = "" if math.isnan(low) or math.isnan(high) else f" [{low:{fmt}}, {high:{fmt}}]"
@@ -36,8 +37,11 @@ def labels(controllers: Sequence[str]) -> dict[str, str]:
     n = {c: 1 for c in controllers}
     while True:
         out = {c: "/".join(p[-n[c] :]) for c, p in parts.items()}
-        grow = [c for c in controllers if n[c] < len(parts[c]) and (GENERIC.fullmatch(parts[c][-n[c]])
-                or list(out.values()).count(out[c]) > 1)]  # fmt: skip
+        grow = [
+            c
+            for c in controllers
+            if n[c] < len(parts[c]) and (GENERIC.fullmatch(parts[c][-n[c]]) or list(out.values()).count(out[c]) > 1)
+        ]
         if not grow:
             return out
         for c in grow:
@@ -57,12 +61,16 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
     tables = [e.get("prediction", {}).get("groups", {}).get(group) or {} for e in results["controllers"].values()]
     beside = any(t.get("field") for t in tables)
     controls = any(t.get("nulls") for t in tables)
-    lines = ["| controller | monitor | misbehaviours (scored windows) | recall | FPR | F3 | AUROC | median lead (s) |"
-             + (" F3 / AUROC, block-permuted null | F3 / AUROC, information-free null | clears its nulls |"
-                if controls else "")
-             + (" F3, field's rules | AUROC, field's rules |" if beside else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if controls else "")
-             + ("---|---|" if beside else "")]  # fmt: skip
+    lines = [
+        "| controller | monitor | misbehaviours (scored windows) | recall | FPR | F3 | AUROC | median lead (s) |"
+        + (
+            " F3 / AUROC, block-permuted null | F3 / AUROC, information-free null | clears its nulls |"
+            if controls
+            else ""
+        )
+        + (" F3, field's rules | AUROC, field's rules |" if beside else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if controls else "") + ("---|---|" if beside else ""),
+    ]
     empty = (" – | – | – |" if controls else "") + (" – | – |" if beside else "")
     name = labels(list(results["controllers"]))
     for controller, entry in results["controllers"].items():
@@ -72,8 +80,11 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
             continue
         if table["misbehaviours"] and not table.get("monitors"):  # nothing nominal to fit a threshold on
             bad, n = pred.get("nominal_misbehaving"), pred.get("nominal_episodes")
-            why = (f"every nominal run misbehaved ({bad})" if not n or bad == n
-                   else f"too few nominal windows ({bad} of {n} nominal runs misbehave)")  # fmt: skip
+            why = (
+                f"every nominal run misbehaved ({bad})"
+                if not n or bad == n
+                else f"too few nominal windows ({bad} of {n} nominal runs misbehave)"
+            )
             lines.append(f"| {name[controller]} | none: {why} | {table['misbehaviours']} | – | – | – | – | – |{empty}")
         for monitor, rows in table["monitors"].items():
             row = _pick(rows, plan["level"], plan["ttm"])
@@ -84,9 +95,11 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
             theirs += (f" {_ci(field, 'f3')} | {_ci(field, 'auroc')} |" if field else " – | – |") if beside else ""
             shown = f"**{monitor}** (declared)" if monitor == plan.get("gate_signal") else monitor
             scored = round(row["value"]["tp"] + row["value"]["fn"])  # the windows scored at this TTM
-            lines.append(f"| {name[controller]} | {shown} | {table['misbehaviours']} ({scored}) | "
-                         f"{_ci(row, 'recall')} | {_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
-                         f"{_ci(row, 'median_lead_s', '.1f')} |{theirs}")  # fmt: skip
+            lines.append(
+                f"| {name[controller]} | {shown} | {table['misbehaviours']} ({scored}) | "
+                f"{_ci(row, 'recall')} | {_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
+                f"{_ci(row, 'median_lead_s', '.1f')} |{theirs}"
+            )
     return lines if len(lines) > 2 else ["No misbehaviour in these families for any controller: nothing to predict."]
 
 
@@ -94,8 +107,10 @@ def _null_cells(controls: dict[str, Any] | None) -> str:
     """Three cells: each null's F3 / AUROC and whether the monitor's F3 and AUROC intervals clear both nulls'."""
     if not controls:
         return " – | – | – |"
-    cells = [f" {_ci(controls[name], 'f3')} / {_ci(controls[name], 'auroc')} |"
-             for name in ("block_permuted", "information_free")]  # fmt: skip
+    cells = [
+        f" {_ci(controls[name], 'f3')} / {_ci(controls[name], 'auroc')} |"
+        for name in ("block_permuted", "information_free")
+    ]
     clears = controls["clears"]
     verdict = {(True, True): "F3 and AUROC", (True, False): "F3 only", (False, True): "AUROC only"}
     return "".join(cells) + f" {verdict.get((clears['f3'], clears['auroc']), '**no**')} |"
@@ -115,10 +130,12 @@ def prevention_table(results: dict[str, Any]) -> list[str]:
         if not fb:
             continue
         for condition, p in fb["conditions"].items():
-            lines.append(f"| {name[controller]} | {condition} | {p['misbehaviours_without']} → "
-                         f"{p['misbehaviours_with']} | {_ci(p['prevented'])} | {_ci(p['return_without'], fmt='.0f')} "
-                         f"| {_ci(p['return_with'], fmt='.0f')} | {_ci(p['interventions_per_km'])} | "
-                         f"{_ci(p['handed_over_benign'], fmt='.3f')} ({p['benign_episodes']}) |")  # fmt: skip
+            lines.append(
+                f"| {name[controller]} | {condition} | {p['misbehaviours_without']} → "
+                f"{p['misbehaviours_with']} | {_ci(p['prevented'])} | {_ci(p['return_without'], fmt='.0f')} "
+                f"| {_ci(p['return_with'], fmt='.0f')} | {_ci(p['interventions_per_km'])} | "
+                f"{_ci(p['handed_over_benign'], fmt='.3f')} ({p['benign_episodes']}) |"
+            )
     return lines
 
 
@@ -129,24 +146,36 @@ def seeds_table(results: dict[str, Any]) -> list[str]:
     if not groups:
         return []
     name = labels(list(groups))
-    lines = ["| controller | seeds | misbehaviours per seed | monitor | recall | FPR | F3 | AUROC |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| controller | seeds | misbehaviours per seed | monitor | recall | FPR | F3 | AUROC |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for group, entry in groups.items():
         counts = ", ".join(str(n) for n in entry["misbehaviours"])
         for monitor, by in entry["monitors"].items():
             figures = " | ".join(cell_text(by.get(k)) for k in ("recall", "fpr", "f3", "auroc"))
             lines.append(f"| {name[group]} | {len(entry['checkpoints'])} | {counts} | {monitor} | {figures} |")
         if not entry["monitors"]:
-            lines.append(f"| {name[group]} | {len(entry['checkpoints'])} | {counts} | none scored (no nominal run "
-                         "without a misbehaviour, or no misbehaviour) | – | – | – | – |")  # fmt: skip
+            lines.append(
+                f"| {name[group]} | {len(entry['checkpoints'])} | {counts} | none scored (no nominal run "
+                "without a misbehaviour, or no misbehaviour) | – | – | – | – |"
+            )
     prevention = {g: e["prevention"] for g, e in groups.items() if e["prevention"]}
     if prevention:
-        lines += ["", "| controller | prevented (held-out, pooled) | return gained (held-out mean) | steps handed "
-                  "over, benign shifted episodes | steps handed over, nominal | interventions / km, nominal |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "| controller | prevented (held-out, pooled) | return gained (held-out mean) | steps handed "
+            "over, benign shifted episodes | steps handed over, nominal | interventions / km, nominal |",
+            "|---|---|---|---|---|---|",
+        ]
         for group, by in prevention.items():
-            keys = ("prevented", "return_gain", "handed_over_benign", "handed_over_nominal",
-                    "interventions_per_km_nominal")  # fmt: skip
+            keys = (
+                "prevented",
+                "return_gain",
+                "handed_over_benign",
+                "handed_over_nominal",
+                "interventions_per_km_nominal",
+            )
             lines.append(f"| {name[group]} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
     return lines + pairwise(groups, name)
 
@@ -154,13 +183,20 @@ def seeds_table(results: dict[str, Any]) -> list[str]:
 def pairwise(groups: dict[str, Any], name: dict[str, str]) -> list[str]:
     """Welch's p of every pair of controllers on the summed epistemic variance's F3 and on the share prevented."""
     lines: list[str] = []
-    for title, where in (("F3 of the summed epistemic variance", ("monitors", "epistemic_sum", "f3")),
-                         ("share of misbehaviours prevented", ("prevention", "prevented"))):  # fmt: skip
+    for title, where in (
+        ("F3 of the summed epistemic variance", ("monitors", "epistemic_sum", "f3")),
+        ("share of misbehaviours prevented", ("prevention", "prevented")),
+    ):
         stats = {g: v for g, e in groups.items() if (v := figure_at(e, where))}
         if len(stats) < 2:
             continue
-        lines += ["", f"Welch's p, {title} (row against column; `–`: no test, a side constant or under 2 seeds):", "",
-                  "| | " + " | ".join(name[g] for g in stats) + " |", "|---|" + "---|" * len(stats)]  # fmt: skip
+        lines += [
+            "",
+            f"Welch's p, {title} (row against column; `–`: no test, a side constant or under 2 seeds):",
+            "",
+            "| | " + " | ".join(name[g] for g in stats) + " |",
+            "|---|" + "---|" * len(stats),
+        ]
         for g, v in stats.items():
             cells = ["" if h == g else _p(v.get("p_vs", {}).get(h)) for h in stats]
             lines.append(f"| {name[g]} | " + " | ".join(cells) + " |")
@@ -183,23 +219,48 @@ def headline(results: dict[str, Any]) -> str:
 def markdown(results: dict[str, Any]) -> str:
     plan = results["plan"]
     run = results.get("this_run", {})
-    lines = ["# Misbehaviour prediction and prevention (`drive bench misbehaviour`)", "",
-             f"Controllers: {', '.join(plan['controllers'])}; nominal seeds {len(plan['nominal_seeds'])}, "
-             f"{len(plan['seeds'])} seeds per shifted condition; levels {plan['levels']}, TTM {plan['ttms']} s; "
-             f"{plan['n_boot']} bootstrap replicates. Windows: {results['protocol']['windows']}.", "",
-             "## Prediction on held-out families (the headline)", "", headline(results), "",
-             *(["## Over training seeds (held-out families; mean ± 95 % t-interval over seeds, * Welch p < 0.05 "
+    lines = [
+        "# Misbehaviour prediction and prevention (`drive bench misbehaviour`)",
+        "",
+        f"Controllers: {', '.join(plan['controllers'])}; nominal seeds {len(plan['nominal_seeds'])}, "
+        f"{len(plan['seeds'])} seeds per shifted condition; levels {plan['levels']}, TTM {plan['ttms']} s; "
+        f"{plan['n_boot']} bootstrap replicates. Windows: {results['protocol']['windows']}.",
+        "",
+        "## Prediction on held-out families (the headline)",
+        "",
+        headline(results),
+        "",
+        *(
+            [
+                "## Over training seeds (held-out families; mean ± 95 % t-interval over seeds, * Welch p < 0.05 "
                 f"against {labels(list(results['over_seeds']))[next(iter(results['over_seeds']))]}, same monitor)",
-                "", *seeds_table(results), ""] if results.get("over_seeds") else []),
-             "## Prediction on NSAC's surrogate families (noise, brightness: trained on, reported apart)", "",
-             *prediction_table(results, "surrogate"), "", "## Prevention and its false-alarm cost", "",
-             f"The fallback ({plan['fallback']}) engages when the controller's epistemic steering variance exceeds "
-             f"the protocol's threshold at level {plan['level']} on nominal runs.", "", *prevention_table(results), "",
-             "## The field's published figures (Udacity simulator: another setting, beside ours)", "",
-             *(f"- {who}: {what}" for who, what in results["published"]), "",
-             f"Cost: this run {run.get('wall_s', 0) / 3600:.2f} h wall, {run.get('cpu_s', 0) / 3600:.2f} CPU-hours "
-             f"(this process and its pool workers; Ray workers not counted); all cells "
-             f"{results.get('cells_wall_s', 0) / 3600:.2f} h wall.", ""]  # fmt: skip
+                "",
+                *seeds_table(results),
+                "",
+            ]
+            if results.get("over_seeds")
+            else []
+        ),
+        "## Prediction on NSAC's surrogate families (noise, brightness: trained on, reported apart)",
+        "",
+        *prediction_table(results, "surrogate"),
+        "",
+        "## Prevention and its false-alarm cost",
+        "",
+        f"The fallback ({plan['fallback']}) engages when the controller's epistemic steering variance exceeds "
+        f"the protocol's threshold at level {plan['level']} on nominal runs.",
+        "",
+        *prevention_table(results),
+        "",
+        "## The field's published figures (Udacity simulator: another setting, beside ours)",
+        "",
+        *(f"- {who}: {what}" for who, what in results["published"]),
+        "",
+        f"Cost: this run {run.get('wall_s', 0) / 3600:.2f} h wall, {run.get('cpu_s', 0) / 3600:.2f} CPU-hours "
+        f"(this process and its pool workers; Ray workers not counted); all cells "
+        f"{results.get('cells_wall_s', 0) / 3600:.2f} h wall.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -222,8 +283,9 @@ def plot_f3(results: dict[str, Any], path: Path) -> Path | None:
     if not drawn:
         plt.close(fig)
         return None
-    ax.set(xlabel="time to misbehaviour (s)", ylabel="F3", title=f"held-out families, level {plan['level']}",
-           ylim=(0, 1))  # fmt: skip
+    ax.set(
+        xlabel="time to misbehaviour (s)", ylabel="F3", title=f"held-out families, level {plan['level']}", ylim=(0, 1)
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -250,15 +312,25 @@ def plot_seeds(results: dict[str, Any], path: Path) -> Path | None:
     width = 0.8 / len(SEED_MONITORS)
     for m, monitor in enumerate(SEED_MONITORS):
         for g, entry in enumerate(groups.values()):
-            _seed_bar(left, g + (m - (len(SEED_MONITORS) - 1) / 2) * width,
-                      entry["monitors"].get(monitor, {}).get("f3"), f"C{m}", monitor if g == 0 else None)  # fmt: skip
+            _seed_bar(
+                left,
+                g + (m - (len(SEED_MONITORS) - 1) / 2) * width,
+                entry["monitors"].get(monitor, {}).get("f3"),
+                f"C{m}",
+                monitor if g == 0 else None,
+            )
     for g, entry in enumerate(groups.values()):
         _seed_bar(right, g, entry["prevention"].get("prevented"), "C4", None)
     ticks = [name[g].replace("/seed*/best.pt", "") for g in groups]
-    left.set(ylabel=f"F3 (held-out, TTM {plan['ttm']} s, level {plan['level']})", ylim=(-0.02, 1.02),
-             xticks=range(len(groups)), xticklabels=ticks)  # fmt: skip
-    right.set(ylabel="share of misbehaviours prevented", ylim=(-0.02, 1.02), xticks=range(len(groups)),
-              xticklabels=ticks)  # fmt: skip
+    left.set(
+        ylabel=f"F3 (held-out, TTM {plan['ttm']} s, level {plan['level']})",
+        ylim=(-0.02, 1.02),
+        xticks=range(len(groups)),
+        xticklabels=ticks,
+    )
+    right.set(
+        ylabel="share of misbehaviours prevented", ylim=(-0.02, 1.02), xticks=range(len(groups)), xticklabels=ticks
+    )
     left.legend(fontsize=7, loc="upper left")
     for ax in (left, right):
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)

@@ -72,8 +72,9 @@ class ProtocolConfig:
         if self.aggregate not in AGGREGATES or self.threshold_fit not in THRESHOLD_FITS or self.fps < 1:
             raise ValueError(f"ProtocolConfig: aggregate in {AGGREGATES}, threshold_fit in {THRESHOLD_FITS}, fps >= 1")
         if self.scoring not in SCORINGS or self.threshold_split not in THRESHOLD_SPLITS or self.warmup_s < 0:
-            raise ValueError(f"ProtocolConfig: scoring in {SCORINGS}, threshold_split in {THRESHOLD_SPLITS}, "
-                             "warmup_s >= 0")  # fmt: skip
+            raise ValueError(
+                f"ProtocolConfig: scoring in {SCORINGS}, threshold_split in {THRESHOLD_SPLITS}, warmup_s >= 0"
+            )
         if self.smooth and self.scoring == "field":
             raise ValueError("ProtocolConfig: smooth is for scoring 'alike'; 'field' smooths the nominal side only")
 

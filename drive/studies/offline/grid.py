@@ -91,10 +91,21 @@ def task_attr(task: str, name: str, default: Any = None) -> Any:
     return getattr(tasks.module(task), name, default)
 
 
-def make_grid(task: str, *, protocol: str | None = None, datasets: tuple[str, ...] = (),
-              controllers: tuple[str, ...] = ("all",), seeds: int | None = None, out: Path,
-              data: str | None = None, epochs: int | None = None, overrides: tuple[str, ...] = (),
-              threads: int = 1, device: str = "cpu", refresh: tuple[str, ...] = ()) -> Grid:  # fmt: skip
+def make_grid(
+    task: str,
+    *,
+    protocol: str | None = None,
+    datasets: tuple[str, ...] = (),
+    controllers: tuple[str, ...] = ("all",),
+    seeds: int | None = None,
+    out: Path,
+    data: str | None = None,
+    epochs: int | None = None,
+    overrides: tuple[str, ...] = (),
+    threads: int = 1,
+    device: str = "cpu",
+    refresh: tuple[str, ...] = (),
+) -> Grid:
     """Check the options against the task's DATASETS / PROTOCOLS / CONTROLLERS and build the grid."""
     mod = tasks.module(task)
     protocols = getattr(mod, "PROTOCOLS", ())
@@ -118,8 +129,20 @@ def make_grid(task: str, *, protocol: str | None = None, datasets: tuple[str, ..
     n = seeds if seeds is not None else getattr(mod, "DEFAULT_SEEDS", {}).get(protocol or NO_PROTOCOL, 1)
     if n < 1:
         raise UserError(f"--seeds {n}: need at least one run per cell")
-    return Grid(task, protocol, names, rows, tuple(range(n)), Path(out), data, epochs, tuple(overrides), threads,
-                device, tuple(rows if tuple(refresh) == ("all",) else refresh))  # fmt: skip
+    return Grid(
+        task,
+        protocol,
+        names,
+        rows,
+        tuple(range(n)),
+        Path(out),
+        data,
+        epochs,
+        tuple(overrides),
+        threads,
+        device,
+        tuple(rows if tuple(refresh) == ("all",) else refresh),
+    )
 
 
 def _variants(mod) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -135,8 +158,10 @@ def _rows(mod, task: str, controllers: tuple[str, ...]) -> tuple[str, ...]:
     rows = tuple(dict.fromkeys(r for c in controllers or ("all",) for r in (every if c == "all" else (c,))))
     bad = [r for r in rows if r not in REGISTRY and r not in variants]
     if bad:
-        raise UserError(f"--controllers {', '.join(bad)}: not a controller ({', '.join(REGISTRY)}) nor a variant of "
-                        f"task {task!r} ({', '.join(variants) or 'none'})")  # fmt: skip
+        raise UserError(
+            f"--controllers {', '.join(bad)}: not a controller ({', '.join(REGISTRY)}) nor a variant of "
+            f"task {task!r} ({', '.join(variants) or 'none'})"
+        )
     return rows
 
 
@@ -153,17 +178,41 @@ def cells(grid: Grid) -> list[Cell]:
             controller, fixed = variants.get(row, (row, ()))
             for seed in grid.seeds[:limit]:
                 run_dir = grid.out / "runs" / (dataset or grid.task) / row / f"seed{seed}"
-                sets = [*(f"task.dataset={dataset}" for _ in [0] if dataset is not None),
-                        *(f"task.protocol={grid.protocol}" for _ in [0] if grid.protocol is not None),
-                        *fixed, *grid.overrides]  # fmt: skip
-                out.append(Cell(dataset, row, controller, seed, run_dir, tuple(sets), _command(grid, controller,
-                                seed, run_dir, sets)))  # fmt: skip
+                sets = [
+                    *(f"task.dataset={dataset}" for _ in [0] if dataset is not None),
+                    *(f"task.protocol={grid.protocol}" for _ in [0] if grid.protocol is not None),
+                    *fixed,
+                    *grid.overrides,
+                ]
+                out.append(
+                    Cell(
+                        dataset,
+                        row,
+                        controller,
+                        seed,
+                        run_dir,
+                        tuple(sets),
+                        _command(grid, controller, seed, run_dir, sets),
+                    )
+                )
     return out
 
 
 def _command(grid: Grid, controller: str, seed: int, run_dir: Path, sets: list[str]) -> str:
-    words = ["drive", "train", "--task", grid.task, "--controller", controller, "--seed", str(seed),
-             "--out", str(run_dir), "--threads", str(grid.threads)]  # fmt: skip
+    words = [
+        "drive",
+        "train",
+        "--task",
+        grid.task,
+        "--controller",
+        controller,
+        "--seed",
+        str(seed),
+        "--out",
+        str(run_dir),
+        "--threads",
+        str(grid.threads),
+    ]
     if grid.data:
         words += ["--data", grid.data]
     if grid.epochs:
@@ -223,10 +272,20 @@ def _train_cell(grid: Grid, cell: Cell) -> dict[str, Any]:
         _set_aside(cell.run_dir, "interrupted under other agents/ code")  # resuming would mix controller versions
         state = "new"
     t0 = time.perf_counter()
-    request = TrainRequest(controller=cell.controller, out=cell.run_dir, task=grid.task, data=grid.data,
-                           epochs=grid.epochs, seed=cell.seed, resume=state == "partial", overrides=cell.overrides,
-                           device=grid.device, progress=False, command=cell.command,
-                           extra={"agents_sha": AGENTS_SHA, "agents_files": AGENTS_FILES})  # fmt: skip
+    request = TrainRequest(
+        controller=cell.controller,
+        out=cell.run_dir,
+        task=grid.task,
+        data=grid.data,
+        epochs=grid.epochs,
+        seed=cell.seed,
+        resume=state == "partial",
+        overrides=cell.overrides,
+        device=grid.device,
+        progress=False,
+        command=cell.command,
+        extra={"agents_sha": AGENTS_SHA, "agents_files": AGENTS_FILES},
+    )
     try:
         try:
             train_and_evaluate(request)
@@ -282,6 +341,14 @@ def status_record(cell: Cell) -> dict[str, Any]:
 
 
 def _record(cell: Cell, status: str, seconds: float, error: list[str] | None = None) -> dict[str, Any]:
-    return {"dataset": cell.dataset, "row": cell.row, "controller": cell.controller, "seed": cell.seed,
-            "run_dir": str(cell.run_dir), "command": cell.command, "status": status, "seconds": seconds,
-            **({"error": "".join(error).strip()} if error else {})}  # fmt: skip
+    return {
+        "dataset": cell.dataset,
+        "row": cell.row,
+        "controller": cell.controller,
+        "seed": cell.seed,
+        "run_dir": str(cell.run_dir),
+        "command": cell.command,
+        "status": status,
+        "seconds": seconds,
+        **({"error": "".join(error).strip()} if error else {}),
+    }

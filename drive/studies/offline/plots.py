@@ -46,8 +46,9 @@ def _load(run_dirs: list[str], name: str = "predictions.npz") -> list[dict[str, 
 
 
 def _pit(preds: list[dict[str, np.ndarray]]) -> np.ndarray:
-    return np.concatenate([metrics.pit(p["mean"], p["aleatoric_var"] + p["epistemic_var"], p["y"]).ravel()
-                           for p in preds])  # fmt: skip
+    return np.concatenate(
+        [metrics.pit(p["mean"], p["aleatoric_var"] + p["epistemic_var"], p["y"]).ravel() for p in preds]
+    )
 
 
 def draw(results: dict[str, Any], plot_dir: Path) -> list[Path]:
@@ -60,8 +61,14 @@ def draw(results: dict[str, Any], plot_dir: Path) -> list[Path]:
             continue
         name = table["key"].replace("/", "_")
         rows = {r["row"]: r["run_dirs"] for r in table["rows"]}
-        for kind, fn in (("reliability", reliability), ("pit", pit_histograms), ("trajectory", trajectories),
-                         ("decomposition", decomposition), ("tubes", tubes), *sa_plots.PLOTS.items()):  # fmt: skip
+        for kind, fn in (
+            ("reliability", reliability),
+            ("pit", pit_histograms),
+            ("trajectory", trajectories),
+            ("decomposition", decomposition),
+            ("tubes", tubes),
+            *sa_plots.PLOTS.items(),
+        ):
             if kind in kinds:
                 path = fn(rows, plot_dir / f"{name}_{kind}.png", table["key"])
                 if path is not None:
@@ -114,8 +121,9 @@ def trajectories(rows: dict[str, list[str]], path: Path, title: str) -> Path | N
             ax = axes[r][i]
             steps = np.arange(t["mean"].shape[1])
             for z, alpha in ((1.645, 0.2), (0.674, 0.4)):
-                ax.fill_between(steps, t["mean"][i] - z * t["std"][i], t["mean"][i] + z * t["std"][i], color="C0",
-                                alpha=alpha, lw=0)  # fmt: skip
+                ax.fill_between(
+                    steps, t["mean"][i] - z * t["std"][i], t["mean"][i] + z * t["std"][i], color="C0", alpha=alpha, lw=0
+                )
             ax.plot(np.arange(-t["back"].shape[1], 0), t["back"][i], color="0.5", lw=0.9)
             ax.plot(steps, t["truth"][i], color="k", lw=1.1)
             ax.plot(steps, t["mean"][i], color="C0", lw=1.1)
@@ -147,11 +155,20 @@ def decomposition(rows: dict[str, list[str]], path: Path, title: str) -> Path | 
         if planar:
             p = preds[0]
             ax = axes[r][0]
-            for var, color, label in ((p["aleatoric_var"], "C1", "2 sd aleatoric"),
-                                      (p["epistemic_var"], "C2", "2 sd epistemic")):  # fmt: skip
+            for var, color, label in (
+                (p["aleatoric_var"], "C1", "2 sd aleatoric"),
+                (p["epistemic_var"], "C2", "2 sd epistemic"),
+            ):
                 radius = 2 * np.sqrt(var.mean(1))  # discs of radius 2 sd around the predicted mean
-                ax.add_collection(PatchCollection([Circle(m, r) for m, r in zip(p["mean"], radius, strict=True)],
-                                                  color=color, alpha=0.08, lw=0, label=label))  # fmt: skip
+                ax.add_collection(
+                    PatchCollection(
+                        [Circle(m, r) for m, r in zip(p["mean"], radius, strict=True)],
+                        color=color,
+                        alpha=0.08,
+                        lw=0,
+                        label=label,
+                    )
+                )
             ax.plot(p["y"][:, 0], p["y"][:, 1], color="k", lw=1, label="truth")
             ax.plot(p["mean"][:, 0], p["mean"][:, 1], color="C0", lw=1, ls="--", label="mean")
             ax.set(title=f"{row}: curve and bands (first run)", aspect="equal")

@@ -63,8 +63,12 @@ def _best(rows: list[dict], key: str) -> float | None:
 def table_markdown(table: dict[str, Any]) -> list[str]:
     keys = [k for k in COLUMNS if any(r["metrics"].get(k, {}).get("n") for r in table["rows"])]
     title = f"### {table['key']}" + (f" ({'; '.join(table['notes'])})" if table["notes"] else "")
-    lines = [title, "", "| row | runs | " + " | ".join(COLUMNS[k] for k in keys) + " |",
-             "|---|---|" + "---|" * len(keys)]  # fmt: skip
+    lines = [
+        title,
+        "",
+        "| row | runs | " + " | ".join(COLUMNS[k] for k in keys) + " |",
+        "|---|---|" + "---|" * len(keys),
+    ]
     best = {k: _best(table["rows"], k) for k in keys}
     for row in table["rows"]:
         cells = []
@@ -95,14 +99,21 @@ def summary_markdown(summary: dict[str, Any] | None) -> list[str]:
         return []
     lines = []
     for table in summary.get("tables", []):
-        lines += [f"### {table['title']}", "", *([table["note"], ""] if table.get("note") else []),
-                  "| " + " | ".join(table["columns"]) + " |", "|" + "---|" * len(table["columns"]),
-                  *("| " + " | ".join(row) + " |" for row in table["rows"]), ""]  # fmt: skip
+        lines += [
+            f"### {table['title']}",
+            "",
+            *([table["note"], ""] if table.get("note") else []),
+            "| " + " | ".join(table["columns"]) + " |",
+            "|" + "---|" * len(table["columns"]),
+            *("| " + " | ".join(row) + " |" for row in table["rows"]),
+            "",
+        ]
     if summary.get("claims"):
         lines += ["### The paper's claims", "", "| claim | paper | ours | reproduced |", "|---|---|---|---|"]
         marks = {True: "yes", False: "**no**", None: "undecided (not every dataset run)"}
-        lines += [f"| {c['claim']} | {c['paper']} | {c['ours']} | {marks[c['reproduced']]} |"
-                  for c in summary["claims"]]  # fmt: skip
+        lines += [
+            f"| {c['claim']} | {c['paper']} | {c['ours']} | {marks[c['reproduced']]} |" for c in summary["claims"]
+        ]
         lines.append("")
     return lines
 
@@ -114,8 +125,12 @@ def markdown(results: dict[str, Any], plots: list[Path], out: Path, command: str
         lines += [f"Paper numbers: {results['paper_source']}; shown as [paper x] beside ours.", ""]
     failed = [c for c in results.get("cells", []) if c["status"] == "failed"]
     missing = [c for c in results.get("cells", []) if c["status"] not in ("done", "trained", "failed")]
-    lines += [f"Cells: {len(results.get('cells', []))} ({len(failed)} failed, {len(missing)} not run).", "",
-              f"Metrics: {DEFINITIONS}", ""]  # fmt: skip
+    lines += [
+        f"Cells: {len(results.get('cells', []))} ({len(failed)} failed, {len(missing)} not run).",
+        "",
+        f"Metrics: {DEFINITIONS}",
+        "",
+    ]
     for table in results["tables"]:
         lines += table_markdown(table)
     lines += summary_markdown(results.get("summary"))
@@ -125,9 +140,15 @@ def markdown(results: dict[str, Any], plots: list[Path], out: Path, command: str
         lines += ["", "## Plots", ""]
         lines += [f"![{p.stem}]({os.path.relpath(p, out)})" for p in plots]
     env = results.get("environment", {})
-    lines += ["", "## Rerun one cell", "", "Each cell is this `drive train` command (other cells: another `--seed` = "
-              "the protocol's split / run, another `task.dataset`); its run directory holds config.json, metrics.json "
-              "and predictions.npz.", ""]  # fmt: skip
+    lines += [
+        "",
+        "## Rerun one cell",
+        "",
+        "Each cell is this `drive train` command (other cells: another `--seed` = "
+        "the protocol's split / run, another `task.dataset`); its run directory holds config.json, metrics.json "
+        "and predictions.npz.",
+        "",
+    ]
     for table in results["tables"][:1]:
         lines += [f"- {row['row']}: `{row['command']}`" for row in table["rows"]]
     lines += ["", "## Environment", "", *(f"- {k}: {v}" for k, v in env.items()), ""]
@@ -139,8 +160,12 @@ def write_report(results: dict[str, Any], out: Path, command: str = "") -> list[
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plots = report_plots.draw(results, out / "plots")
-    results = {"environment": environment(results.get("threads", 1)), **results, "command": command,
-               "plots": [str(Path(p).relative_to(out)) for p in plots]}  # fmt: skip  # relative: no machine path
+    results = {
+        "environment": environment(results.get("threads", 1)),
+        **results,
+        "command": command,
+        "plots": [str(Path(p).relative_to(out)) for p in plots],
+    }  # relative: no machine path
     atomic_write(out / "results.json", json.dumps(results, indent=2).encode())
     atomic_write(out / "results.md", markdown(results, plots, out, command).encode())
     return [out / "results.json", out / "results.md", *plots]
@@ -149,11 +174,19 @@ def write_report(results: dict[str, Any], out: Path, command: str = "") -> list[
 def environment(threads: int) -> dict[str, Any]:
     """What the numbers ran on: versions, CPU, threads, the checkout's commit."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                                cwd=REPO).stdout.strip()  # fmt: skip
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=REPO
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": threads, "commit": commit,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}  # fmt: skip
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }

@@ -56,18 +56,34 @@ def aggregate(grid: Grid) -> dict[str, Any]:
         for name in names:
             key = (dataset or grid.task) + (f"/{name}" if name else "")
             tables.append(_table(grid, dataset, name, key, runs, paper.get(key, {})))
-    return {"task": grid.task, "protocol": grid.protocol, "datasets": list(grid.datasets), "rows": list(grid.rows),
-            "seeds": list(grid.seeds), "tables": tables, "paper_source": getattr(mod, "PAPER_SOURCES", {}).get(
-            grid.protocol or NO_PROTOCOL), "report_plots": list(getattr(mod, "REPORT_PLOTS", ("reliability", "pit"))),
-            "threads": grid.threads, "summary": _summary(mod, grid_cells)}  # fmt: skip
+    return {
+        "task": grid.task,
+        "protocol": grid.protocol,
+        "datasets": list(grid.datasets),
+        "rows": list(grid.rows),
+        "seeds": list(grid.seeds),
+        "tables": tables,
+        "paper_source": getattr(mod, "PAPER_SOURCES", {}).get(grid.protocol or NO_PROTOCOL),
+        "report_plots": list(getattr(mod, "REPORT_PLOTS", ("reliability", "pit"))),
+        "threads": grid.threads,
+        "summary": _summary(mod, grid_cells),
+    }
 
 
 def _summary(mod, grid_cells: list[Cell]) -> dict[str, Any] | None:
     """The task's own summary of the finished runs (its `summary(runs)`: extra tables and the paper's claims)."""
     if not hasattr(mod, "summary"):
         return None
-    runs = [{"dataset": c.dataset, "row": c.row, "seed": c.seed, "metrics": json.loads((c.run_dir /
-             "metrics.json").read_text())} for c in grid_cells if (c.run_dir / "metrics.json").is_file()]  # fmt: skip
+    runs = [
+        {
+            "dataset": c.dataset,
+            "row": c.row,
+            "seed": c.seed,
+            "metrics": json.loads((c.run_dir / "metrics.json").read_text()),
+        }
+        for c in grid_cells
+        if (c.run_dir / "metrics.json").is_file()
+    ]
     return mod.summary(runs)
 
 
@@ -80,10 +96,18 @@ def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, pap
         stats = {k: _stats([r.get(k) for _, r, _ in found]) for k in METRICS}
         stats.update({k: _stats([m["fit"].get(v) for _, _, m in found]) for k, v in TIMES.items()})
         extra = {k: [r[k] for _, r, _ in found] for k in ("beats_last_value",) if k in found[0][1]}
-        rows.append({"row": row, "controller": found[0][0].controller, "metrics": stats,
-                     "paper": paper.get(row, {}), "seeds": [c.seed for c, _, _ in found],
-                     "run_dirs": [str(c.run_dir) for c, _, _ in found], "command": found[0][0].command,
-                     **extra})  # fmt: skip
+        rows.append(
+            {
+                "row": row,
+                "controller": found[0][0].controller,
+                "metrics": stats,
+                "paper": paper.get(row, {}),
+                "seeds": [c.seed for c, _, _ in found],
+                "run_dirs": [str(c.run_dir) for c, _, _ in found],
+                "command": found[0][0].command,
+                **extra,
+            }
+        )
         for _, report, _ in found:
             for ref, values in report.get("references", {}).items():
                 references.setdefault(ref, []).append(values)
@@ -91,14 +115,25 @@ def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, pap
         if note:
             notes.append(note)
         first = found[0][1]
-        for note in (f"units: {first['units']}" if "units" in first else None,
-                     f"data year: {first['year']}" if first.get("year") else None):  # fmt: skip
+        for note in (
+            f"units: {first['units']}" if "units" in first else None,
+            f"data year: {first['year']}" if first.get("year") else None,
+        ):
             if note and note not in notes:
                 notes.append(note)
-    refs = [{"row": ref, "metrics": {k: _stats([v.get(k) for v in values]) for k in METRICS if k in values[0]}}
-            for ref, values in references.items()]  # fmt: skip
-    return {"key": key, "dataset": dataset, "test": name or "test", "notes": notes, "rows": rows, "references": refs,
-            "paper_rows": {r: v for r, v in paper.items() if r not in {x["row"] for x in rows}}}  # fmt: skip
+    refs = [
+        {"row": ref, "metrics": {k: _stats([v.get(k) for v in values]) for k in METRICS if k in values[0]}}
+        for ref, values in references.items()
+    ]
+    return {
+        "key": key,
+        "dataset": dataset,
+        "test": name or "test",
+        "notes": notes,
+        "rows": rows,
+        "references": refs,
+        "paper_rows": {r: v for r, v in paper.items() if r not in {x["row"] for x in rows}},
+    }
 
 
 def _versions_note(row: str, configs: list[dict[str, Any]]) -> str | None:

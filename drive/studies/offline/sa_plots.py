@@ -59,8 +59,15 @@ def sa_pit(rows: dict[str, list[str]], path: Path, title: str) -> Path | None:
     for ax, method in zip(axes[0], methods, strict=True):
         ax.hist(np.concatenate(pits[f"{method}_pit"]), bins=20, range=(0, 1), density=True, color="C0", alpha=0.75)
         if f"{method}_pit_temperature" in pits:
-            ax.hist(np.concatenate(pits[f"{method}_pit_temperature"]), bins=20, range=(0, 1), density=True,
-                    histtype="step", color="C3", lw=1.2)  # fmt: skip
+            ax.hist(
+                np.concatenate(pits[f"{method}_pit_temperature"]),
+                bins=20,
+                range=(0, 1),
+                density=True,
+                histtype="step",
+                color="C3",
+                lw=1.2,
+            )
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_title(method, fontsize=9)
         ax.set_xlabel("PIT")
@@ -110,8 +117,11 @@ def nu_search(rows: dict[str, list[str]], path: Path, title: str) -> Path | None
         published = search.get("comparison", {}).get("published", {}).get("nu")
         if published:
             ax.axvline(published, color=color, ls=":", lw=0.8)
-    ax.set(xlabel="nu", ylabel="L_SA (calibration part)",
-           title=f"{title}: grid (lines), BO (dots), BO choice (--), published (:)")  # fmt: skip
+    ax.set(
+        xlabel="nu",
+        ylabel="L_SA (calibration part)",
+        title=f"{title}: grid (lines), BO (dots), BO choice (--), published (:)",
+    )
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, which="both")
     return _save(fig, path, plt)

@@ -42,8 +42,9 @@ def tubes(rows: dict[str, list[str]], path: Path, title: str) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(loaded), len(names), figsize=(3.0 * len(names), 2.2 * len(loaded)), squeeze=False,
-                             sharex="col", sharey=True)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(loaded), len(names), figsize=(3.0 * len(names), 2.2 * len(loaded)), squeeze=False, sharex="col", sharey=True
+    )
     for r, (row, panels) in enumerate(loaded.items()):
         for c, name in enumerate(names):
             if name in panels:

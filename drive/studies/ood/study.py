@@ -143,9 +143,13 @@ def detect(cfg: OODOptions) -> int:
         scores[name] = views
         results[name] = {"ckpt": path, **{str(p): auroc_report(views["clean"], views[str(p)]) for p in perturbations}}
         print(name + ": " + ", ".join(f"{p} {results[name][str(p)]['auroc_epistemic_all']:.3f}" for p in perturbations))
-    out = {"perturbations": [str(p) for p in perturbations], "n_clean": int(len(next(iter(inputs.values()))["clean"])),
-           "settings": {"max_episodes": cfg.max_episodes, "every": cfg.every, "samples": cfg.samples, "seed": cfg.seed},
-           "controllers": results, "wall_s": time.perf_counter() - start}  # fmt: skip
+    out = {
+        "perturbations": [str(p) for p in perturbations],
+        "n_clean": int(len(next(iter(inputs.values()))["clean"])),
+        "settings": {"max_episodes": cfg.max_episodes, "every": cfg.every, "samples": cfg.samples, "seed": cfg.seed},
+        "controllers": results,
+        "wall_s": time.perf_counter() - start,
+    }
     atomic_write(Path(cfg.out), (json.dumps(out, indent=1) + "\n").encode())
     figure = plot_ood_scores(scores, [str(p) for p in perturbations], Path(cfg.out).with_suffix(".png"))
     print(f"wrote {cfg.out} and {figure}")

@@ -41,8 +41,9 @@ def spread(values: Sequence[float]) -> Spread:
     return Spread(statistics.median(values), min(values), max(values), tuple(values))
 
 
-def summarise(per_round: Sequence[dict[str, float]], ratios: dict[str, tuple[str, str]]
-              ) -> tuple[dict[str, Spread], dict[str, Spread]]:  # fmt: skip
+def summarise(
+    per_round: Sequence[dict[str, float]], ratios: dict[str, tuple[str, str]]
+) -> tuple[dict[str, Spread], dict[str, Spread]]:
     """Each variant's spread over rounds, and each ratio (name: (numerator, denominator)) taken within each round
     where both were measured, then spread over those rounds: a ratio of medians would pair a fast round's numerator
     with a slow round's denominator."""
@@ -85,8 +86,9 @@ def _span(s: Spread, digits: int = 0) -> str:
     return f"{s.low:.{digits}f}-{s.high:.{digits}f}"
 
 
-def print_tables(console: Any, collection: dict[str, dict[str, Spread]], training: dict[str, Spread],
-                 ratios: dict[str, Spread]) -> None:  # fmt: skip
+def print_tables(
+    console: Any, collection: dict[str, dict[str, Spread]], training: dict[str, Spread], ratios: dict[str, Spread]
+) -> None:
     from rich.table import Table
 
     if collection:
@@ -94,12 +96,19 @@ def print_tables(console: Any, collection: dict[str, dict[str, Spread]], trainin
         for col in ("variant", "frames/s", "start-up s", "share", "whole run frames/s", "frames per CPU-s", "cores"):
             table.add_column(col, justify="left" if col == "variant" else "right")
         for key, fps in collection["frames_per_s"].items():
-            up, share, wall, cpu, cores = (collection[v][key] for v in ("startup_s", "startup_share",
-                                                                        "wall_frames_per_s", "frames_per_cpu_s",
-                                                                        "cores"))  # fmt: skip
-            table.add_row(key, f"{fps.median:.0f} [{_span(fps)}]", f"{up.median:.2f} [{_span(up, 2)}]",
-                          f"{100 * share.median:.1f} %", f"{wall.median:.0f} [{_span(wall)}]",
-                          f"{cpu.median:.0f} [{_span(cpu)}]", f"{cores.median:.2f}")  # fmt: skip
+            up, share, wall, cpu, cores = (
+                collection[v][key]
+                for v in ("startup_s", "startup_share", "wall_frames_per_s", "frames_per_cpu_s", "cores")
+            )
+            table.add_row(
+                key,
+                f"{fps.median:.0f} [{_span(fps)}]",
+                f"{up.median:.2f} [{_span(up, 2)}]",
+                f"{100 * share.median:.1f} %",
+                f"{wall.median:.0f} [{_span(wall)}]",
+                f"{cpu.median:.0f} [{_span(cpu)}]",
+                f"{cores.median:.2f}",
+            )
         if RAY_START in collection["startup_s"]:
             up = collection["startup_s"][RAY_START]
             table.add_row("Ray instance", "", f"{up.median:.2f} [{_span(up, 2)}]", "", "", "", "")
@@ -118,6 +127,11 @@ def print_tables(console: Any, collection: dict[str, dict[str, Spread]], trainin
         table.add_column(col, justify="left" if col == "ratio" else "right")
     for key, value in ratios.items():
         target = TARGETS.get(key)
-        table.add_row(key, f"{value.median:.2f}x [{_span(value, 2)}]", " ".join(f"{v:.2f}" for v in value.rounds),
-                      f">= {target}x" if target else "", verdict(value, target))  # fmt: skip
+        table.add_row(
+            key,
+            f"{value.median:.2f}x [{_span(value, 2)}]",
+            " ".join(f"{v:.2f}" for v in value.rounds),
+            f">= {target}x" if target else "",
+            verdict(value, target),
+        )
     console.print(table)

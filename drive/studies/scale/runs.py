@@ -40,8 +40,15 @@ class _TimedEpisode:
             self.first, self.first_cpu = time.time(), time.process_time()
         self.recorder(rec)
         if rec.terminated or rec.truncated:
-            row = {"seed": rec.seed, "pid": os.getpid(), "first": self.first, "last": time.time(),
-                   "first_cpu": self.first_cpu, "last_cpu": time.process_time(), "steps": rec.t + 1}  # fmt: skip
+            row = {
+                "seed": rec.seed,
+                "pid": os.getpid(),
+                "first": self.first,
+                "last": time.time(),
+                "first_cpu": self.first_cpu,
+                "last_cpu": time.process_time(),
+                "steps": rec.t + 1,
+            }
             Path(self.folder, f"{rec.seed}.json").write_text(json.dumps(row))
 
     def arrays(self) -> Any:
@@ -105,8 +112,14 @@ class CollectRun:
         return {**asdict(self), **{name: getattr(self, name) for name in derived}}
 
 
-def timeline(variant: str, round_: int, called: float, returned: float, episodes: Sequence[dict[str, Any]],
-             loads: tuple[float, float]) -> CollectRun:  # fmt: skip
+def timeline(
+    variant: str,
+    round_: int,
+    called: float,
+    returned: float,
+    episodes: Sequence[dict[str, Any]],
+    loads: tuple[float, float],
+) -> CollectRun:
     """A run's figures from the call's and return's wall times and its episodes' timing rows (`_TimedEpisode`)."""
     first = min(e["first"] for e in episodes)
     by_process: dict[int, list[dict[str, Any]]] = {}
@@ -114,20 +127,44 @@ def timeline(variant: str, round_: int, called: float, returned: float, episodes
         by_process.setdefault(e["pid"], []).append(e)
     started = max(min(e["first"] for e in mine) for mine in by_process.values())  # the last process's first step
     cpu = sum(max(e["last_cpu"] for e in mine) - min(e["first_cpu"] for e in mine) for mine in by_process.values())
-    return CollectRun(variant, round_, sum(int(e["steps"]) for e in episodes), first - called, started - first,
-                      max(e["last"] for e in episodes) - first, returned - called, cpu, len(by_process),
-                      *loads)  # fmt: skip
+    return CollectRun(
+        variant,
+        round_,
+        sum(int(e["steps"]) for e in episodes),
+        first - called,
+        started - first,
+        max(e["last"] for e in episodes) - first,
+        returned - called,
+        cpu,
+        len(by_process),
+        *loads,
+    )
 
 
 def _options(cfg: ScaleOptions, out: Path, workers: int, on_ray: bool, episodes: int, max_steps: int) -> CollectOptions:
     seeds = f"{cfg.first_seed}-{cfg.first_seed + episodes - 1}"
-    return CollectOptions(out=out, expert=cfg.expert, env=cfg.env, seeds=seeds, workers=workers,
-                          max_episode_steps=max_steps, min_return=-1e9, progress=False,
-                          ray="local" if on_ray else None)  # fmt: skip
+    return CollectOptions(
+        out=out,
+        expert=cfg.expert,
+        env=cfg.env,
+        seeds=seeds,
+        workers=workers,
+        max_episode_steps=max_steps,
+        min_return=-1e9,
+        progress=False,
+        ray="local" if on_ray else None,
+    )
 
 
-def collect_run(cfg: ScaleOptions, variant: str, round_: int, workers: int, on_ray: bool, episodes: int,
-                before: Callable[[], Any] | None = None) -> CollectRun:  # fmt: skip
+def collect_run(
+    cfg: ScaleOptions,
+    variant: str,
+    round_: int,
+    workers: int,
+    on_ray: bool,
+    episodes: int,
+    before: Callable[[], Any] | None = None,
+) -> CollectRun:
     """One `drive collect` run of `episodes` episodes, timed; `before()` runs inside the clock, before `collect`."""
     from drive.loop.collect import collect  # torch and the simulator: not for `--help`
 
@@ -144,8 +181,10 @@ def collect_run(cfg: ScaleOptions, variant: str, round_: int, workers: int, on_r
         episodes_timed = [json.loads(p.read_text()) for p in timing.glob("*.json")]
     run = timeline(variant, round_, called, returned, episodes_timed, (load, _load()))
     if len(episodes_timed) != episodes or run.frames != summary.frames:
-        raise RuntimeError(f"{variant}: {len(episodes_timed)} episode timings for {episodes} episodes "
-                           f"({run.frames} frames timed, {summary.frames} recorded)")  # fmt: skip
+        raise RuntimeError(
+            f"{variant}: {len(episodes_timed)} episode timings for {episodes} episodes "
+            f"({run.frames} frames timed, {summary.frames} recorded)"
+        )
     return run
 
 
@@ -203,17 +242,21 @@ def measure_collection(cfg: ScaleOptions, console: Any) -> tuple[list[CollectRun
                     if on_ray:
                         with console.status(f"round {r + 1}/{cfg.repeats}, starting Ray ..."):
                             ray_starts.append(start_ray(cfg, r))
-                        console.print(f"round {r + 1}/{cfg.repeats}: Ray up in {ray_starts[-1].startup_s:.1f} s "
-                                      "(ray.init, 2 workers' imports, env, expert)")  # fmt: skip
+                        console.print(
+                            f"round {r + 1}/{cfg.repeats}: Ray up in {ray_starts[-1].startup_s:.1f} s "
+                            "(ray.init, 2 workers' imports, env, expert)"
+                        )
                     else:
                         stop_ray()  # the pool runs without Ray's processes beside it
                     up = on_ray
                 with console.status(f"round {r + 1}/{cfg.repeats}, collecting: {key} ..."):
                     run = collect_run(cfg, key, r, workers, on_ray, cfg.episodes)
                 runs.append(run)
-                console.print(f"round {r + 1}/{cfg.repeats} {key}: {run.frames_per_s:.0f} frames/s ({run.frames} in "
-                              f"{run.work_s:.1f} s on {run.cores:.2f} cores), start-up {run.startup_s:.2f} s = "
-                              f"{100 * run.startup_share:.1f} %, load {run.load_before:.1f}")  # fmt: skip
+                console.print(
+                    f"round {r + 1}/{cfg.repeats} {key}: {run.frames_per_s:.0f} frames/s ({run.frames} in "
+                    f"{run.work_s:.1f} s on {run.cores:.2f} cores), start-up {run.startup_s:.2f} s = "
+                    f"{100 * run.startup_share:.1f} %, load {run.load_before:.1f}"
+                )
             stop_ray()
     finally:
         stop_ray()
@@ -245,10 +288,27 @@ def _train_command(cfg: ScaleOptions, data: Path, out: Path, threads: int, ranks
         if ranks == 1
         else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m", "drive"]
     )
-    return [*launcher, "train", "--controller", cfg.controller, "--data", str(data), "--out", str(out),
-            "--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size), "--threads", str(threads),
-            "--no-progress", "--set", "trainer.val_samples=2", "trainer.tensorboard=false",
-            "trainer.patience=0"]  # fmt: skip
+    return [
+        *launcher,
+        "train",
+        "--controller",
+        cfg.controller,
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--epochs",
+        str(cfg.epochs),
+        "--batch-size",
+        str(cfg.batch_size),
+        "--threads",
+        str(threads),
+        "--no-progress",
+        "--set",
+        "trainer.val_samples=2",
+        "trainer.tensorboard=false",
+        "trainer.patience=0",
+    ]
 
 
 def train_run(cfg: ScaleOptions, data: Path, variant: str, round_: int, n_train: int) -> TrainRun:
@@ -274,13 +334,16 @@ def measure_training(cfg: ScaleOptions, data: Path, console: Any) -> list[TrainR
             with console.status(f"round {r + 1}/{cfg.repeats}, training: {key} ..."):
                 run = train_run(cfg, data, key, r, n_train)
             runs.append(run)
-            console.print(f"round {r + 1}/{cfg.repeats} {key}: {run.samples_per_s:.0f} samples/s (epoch "
-                          f"{run.epoch_s:.1f} s, {n_train} samples), load {run.load_before:.1f}")  # fmt: skip
+            console.print(
+                f"round {r + 1}/{cfg.repeats} {key}: {run.samples_per_s:.0f} samples/s (epoch "
+                f"{run.epoch_s:.1f} s, {n_train} samples), load {run.load_before:.1f}"
+            )
     return runs
 
 
-def collection_figures(runs: Sequence[CollectRun], ray_starts: Sequence[CollectRun]
-                       ) -> tuple[dict[str, dict[str, Spread]], dict[str, Spread]]:  # fmt: skip
+def collection_figures(
+    runs: Sequence[CollectRun], ray_starts: Sequence[CollectRun]
+) -> tuple[dict[str, dict[str, Spread]], dict[str, Spread]]:
     """Per measure (frames/s over the work, whole-run frames/s, frames per CPU-second, cores, start-up s and share,
     work s, wall s) each variant's spread over rounds, the Ray instance's start-up among them; and the collection
     ratios, on frames/s, on whole-run frames/s (`*_wall`) and on frames per CPU-second (`*_per_cpu`)."""
