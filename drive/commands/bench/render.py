@@ -116,7 +116,7 @@ STAGES = (
 def breakdown(n_steps: int, seed: int) -> list[tuple[int, str, float]]:
     """Mean wall microseconds per env step of each stage in `STAGES` while the PPO expert drives."""
     from drive.loop.specs import load_expert
-    from drive.studies.closedloop.stage_timers import stage_timers
+    from drive.studies.closedloop.stages import stage_timers
     from sim_bridges.carracing.bridge import make_carracing
 
     expert = load_expert("ppo")

@@ -1,5 +1,5 @@
 """Where a step of `drive collect` and of `drive eval` goes: each run once more, on 1 worker in this process, with
-wall-clock timers around its stages (drive/studies/closedloop/stage_timers.py), in microseconds per car-step.
+wall-clock timers around its stages (`stage_timers`, below), in microseconds per car-step.
 
 `drive bench closedloop` prints these after its rows. The env's share (`TimeLimit.step` and `.reset`: the bare env's
 whole step, wrappers included, as its env rows time it) is what a loop cannot shed; the rest is the loop's own work,
@@ -8,20 +8,75 @@ env x (1 / target - 1) on everything else. Measured against this loop's own env 
 row's (other tracks for eval, caches shared with the controller), so it says where the time goes, not the ratio.
 Nested stages are part of their parent's figure; "the rest" is the loop's wall time less its top-level stages: the
 loop's own Python (run_lanes, step records, observers' calls), start-up and the timers themselves (~0.3 us a call).
+
+Wall-clock timers around named functions for the length of a `with` block: where a step's time goes, stage by stage.
+
+A stage is (depth, label, module, attribute path), e.g. ``(1, "PPO expert", "agents.experts.ppo",
+"PPOExpert.act_many")``: inside `stage_timers(stages)` that function is replaced by one that adds its wall time in ns
+to `spent[i]`, and the original is put back on leaving (an exception included). Depth is only for printing: a nested
+stage's time is also in its parent's. Callers look the function up where the patch lands (a class attribute, or a
+module global read at call time); a reference taken earlier (a bound method kept in a list, a name imported into
+another module) is not timed. Each timed call costs ~0.3 us of `perf_counter_ns` and one more Python call.
+
+Used by `drive bench render --breakdown` (the env's step) and `drive bench closedloop` (collect's and eval's steps:
+drive/studies/closedloop/stages.py).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import importlib
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from drive.studies.closedloop.loops import LoopRowsConfig, collect_run, eval_row
-from drive.studies.closedloop.stage_timers import Stage, stage_timers
+from drive.studies.closedloop.rows import LoopRowsConfig, collect_run, eval_row
 
+Stage = tuple[int, str, str, str]  # (depth, label, module, attribute path within it)
+
+
+def _owner(module: str, attr: str) -> tuple[Any, str]:
+    owner: Any = importlib.import_module(module)
+    *path, name = attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    if not callable(owner.__dict__.get(name)) or isinstance(owner.__dict__[name], type):
+        raise TypeError(f"stage {module}.{attr}: not a plain function in {owner!r}'s own namespace")
+    return owner, name
+
+
+@contextmanager
+def stage_timers(stages: Sequence[Stage]) -> Iterator[list[int]]:
+    """Time every stage's function while the block runs; yields `spent`, ns per stage, which the block may reset."""
+    spent = [0] * len(stages)
+    patched: list[tuple[Any, str, Callable]] = []
+
+    def timer(i: int, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[i] += time.perf_counter_ns() - t0
+
+        return timed
+
+    try:
+        for i, (_, _, module, attr) in enumerate(stages):
+            owner, name = _owner(module, attr)
+            patched.append((owner, name, owner.__dict__[name]))
+            setattr(owner, name, timer(i, owner.__dict__[name]))
+        yield spent
+    finally:
+        for owner, name, fn in reversed(patched):
+            setattr(owner, name, fn)
+
+
+# -- the loop's stages ----------------------------------------------------------------------------------------------
 _ENV: tuple[Stage, ...] = (
     (0, "env step (wrappers included)", "gymnasium.wrappers", "TimeLimit.step"),
     (0, "env reset (a new track)", "gymnasium.wrappers", "TimeLimit.reset"),

@@ -1,4 +1,4 @@
-"""drive/studies/closedloop/stage_timers.py: a stage's function timed inside the block, nested time inside its parent,
+"""drive/studies/closedloop/stages.py: a stage's function timed inside the block, nested time inside its parent,
 the originals back afterwards (an exception included), and a name that is not a plain function refused."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from drive.studies.closedloop.stage_timers import stage_timers
+from drive.studies.closedloop.stages import stage_timers
 
 
 @pytest.fixture()
