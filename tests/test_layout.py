@@ -127,6 +127,7 @@ def test_layers_point_down():
     # observe draws what the loop produces; learn trains without the loop; the shared bottom imports no layer
     rules = {"drive.loop": ("drive.observe", "drive.learn"), "drive.learn": ("drive.observe", "drive.loop"),
              "drive.observe": ("drive.learn",),
+             "drive.perturb": ("drive.loop", "drive.learn", "drive.observe"),
              "drive.checkpoint": ("drive.loop", "drive.learn", "drive.observe"),
              "drive.metrics": ("drive.loop", "drive.learn", "drive.observe", "drive.checkpoint")}  # fmt: skip
     offenders = {}

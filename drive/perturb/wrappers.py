@@ -16,9 +16,8 @@ executed actions, clipped to the action space, drawn from an RNG seeded per epis
 `level` may change mid-episode (escalation); None is the clean actuator. The executed action goes to
 `info["executed_action"]`; the privileged state the experts read is the simulator's own, untouched.
 
-`replay_frames(actions, seed, perturbation)` drives a fresh env with an episode's recorded executed actions: CarRacing
-is deterministic, so the replay visits the recorded states exactly (`drive ood` checks that the clean replay codes
-to the recorded frames) and, wrapped, yields the frames the controller would have seen under the perturbation.
+`perturbed_env(env, perturbation)` wraps an env's camera (None: the env itself); drive/studies/ood/replay.py replays
+recorded episodes through it.
 """
 
 from __future__ import annotations
@@ -28,8 +27,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from drive.loop.envs import make_env
-from drive.loop.rollout import clip_action
 from drive.perturb.camera import FramePerturber, Perturbation
 
 ACTUATION_KINDS = {
@@ -102,35 +99,11 @@ class ShiftedActuation(gym.Wrapper):
             executed[STEER] = self.steer[t - delay] if t >= delay else 0.0
         else:  # drawn every step, clean or not: the stream of an episode never depends on its schedule
             noise = self.rng.standard_normal(commanded.shape).astype(np.float32)
-            executed = clip_action(commanded + np.float32(self.level or 0.0) * noise, self.low, self.high)
+            noisy = commanded + np.float32(self.level or 0.0) * noise
+            executed = np.minimum(np.maximum(noisy, self.low), self.high)  # rollout's clip_action, same bits
         obs, reward, terminated, truncated, info = self.env.step(executed)
         return obs, reward, terminated, truncated, {**info, "executed_action": executed}
 
 
 def perturbed_env(env: gym.Env, perturbation: Perturbation | None, seed: int = 0) -> gym.Env:
     return env if perturbation is None else PerturbedCamera(env, perturbation, seed)
-
-
-def replay_frames(
-    actions: np.ndarray,
-    seed: int,
-    perturbation: Perturbation | None = None,
-    max_episode_steps: int = 1000,
-    perturb_seed: int = 0,
-) -> np.ndarray:
-    """(T, 96, 96, 3): the raw frame seen at each of the T steps of the episode on track `seed` that executed
-    `actions` (T, 3), under `perturbation` (None: the clean frames)."""
-    env = perturbed_env(
-        make_env("carracing", pixels=True, max_episode_steps=max_episode_steps), perturbation, perturb_seed
-    )
-    try:
-        obs, _ = env.reset(seed=int(seed))
-        frames = [obs]
-        for action in np.asarray(actions, np.float32)[:-1]:
-            obs, _, terminated, truncated, _ = env.step(action)
-            frames.append(obs)
-            if terminated or truncated:
-                break
-    finally:
-        env.close()
-    return np.stack(frames)

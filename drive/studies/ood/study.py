@@ -52,7 +52,7 @@ class OODOptions:
 
 def _raw(ep, max_steps: int) -> np.ndarray:
     from datasets.frames import code_frames
-    from drive.perturb.wrappers import replay_frames
+    from drive.studies.ood.replay import replay_frames
 
     if ep.raw is not None:
         return ep.raw[:max_steps]
@@ -72,7 +72,7 @@ def _inputs(cfg: OODOptions, perturbations, coders: dict[tuple, ObservationCoder
     from datasets.regenerate import relocate
     from drive import checkpoint
     from drive.perturb.camera import WORLD_KINDS, FramePerturber
-    from drive.perturb.wrappers import replay_frames
+    from drive.studies.ood.replay import replay_frames
     from drive.studies.ood.scores import code_stacks, test_episodes
 
     fingerprint = relocate(checkpoint.read(cfg.ckpt[0], kind="controller").get("data", {}), cfg.data)
