@@ -46,3 +46,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+SLOW_TIMEOUT_S = 1800  # a `slow` test (a closed-loop or training run) gets this instead of the default 60 s
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test stops at pyproject's 60 s unless it says otherwise; `slow` tests are allowed SLOW_TIMEOUT_S."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))

@@ -276,6 +276,7 @@ def test_a_bare_drive_is_not_on_path_in_a_new_shell(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.timeout(300)  # the whole pipeline (install check, collect, train, eval) twice: ~35 s alone
 def test_readme_pipeline_runs_verbatim_in_a_new_shell(tmp_path):
     """The README's pipeline block, pasted into a new shell after the install (counts shrunk through the options it
     shows), runs to the end; rerun as typed, it finds its finished work."""
