@@ -26,10 +26,13 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from drive.errors import UserError
 from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Workers
+
+if TYPE_CHECKING:
+    from drive.studies.misbehaviour.grid import Plan
 
 RESUMES = True  # rerunning the same command continues what an interrupted run left
 
@@ -101,7 +104,7 @@ def run(cfg: Config) -> int:
     from drive.loop.pool import check_ray
     from drive.loop.seeds import parse_seeds
     from drive.perturb.registry import parse_shift  # the simulator, OpenCV and torch: not for `--help`
-    from drive.studies.misbehaviour.grid import Plan, RunSettings, run_plan, score_records
+    from drive.studies.misbehaviour.grid import Plan, RunSettings, run_plan
     from drive.studies.misbehaviour.records import load_monitors
     from drive.studies.misbehaviour.text import headline, write_report
 
@@ -133,7 +136,7 @@ def run(cfg: Config) -> int:
         monitors=cfg.monitor,
     )
     if cfg.from_records is not None:
-        return _from_records(cfg, plan, score_records)
+        return _from_records(cfg, cfg.from_records, plan)
 
     settings = RunSettings(
         max_episode_steps=cfg.max_episode_steps,
@@ -155,14 +158,15 @@ def run(cfg: Config) -> int:
     return 0
 
 
-def _from_records(cfg: Config, plan: Any, score_records: Any) -> int:
+def _from_records(cfg: Config, folder: Path, plan: Plan) -> int:
+    from drive.studies.misbehaviour.grid import score_records
     from drive.studies.misbehaviour.text import headline, write_report
 
     start, cpu0 = time.perf_counter(), _cpu_s()
-    results = score_records(cfg.from_records, plan)
+    results = score_records(folder, plan)
     results["this_run"] = {"wall_s": time.perf_counter() - start, "cpu_s": _cpu_s() - cpu0}
     paths = write_report(cfg.out, results)
-    print(f"scored from records ({cfg.from_records}): nothing driven; prevention skipped (it needs driving)")
+    print(f"scored from records ({folder}): nothing driven; prevention skipped (it needs driving)")
     print(headline(results))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from drive.studies.misbehaviour.protocol import CONFIDENCE_LEVELS, TTMS, Row, evaluate
+from drive.studies.misbehaviour.protocol import LEVELS, TTMS, Row, evaluate
 from drive.studies.misbehaviour.windows import DEFAULTS, Episode, ProtocolConfig, left_out
 
 NULLS = ("block_permuted", "information_free")
@@ -91,7 +91,7 @@ def clears(row: Row, null_rows: Sequence[Row]) -> Clears:
 def with_nulls(
     episodes: Sequence[Episode],
     cfg: ProtocolConfig = DEFAULTS,
-    levels: Sequence[float] = CONFIDENCE_LEVELS,
+    levels: Sequence[float] = LEVELS,
     ttms: Sequence[int] = TTMS,
     n_boot: int = 1000,
     seed: int = 0,

@@ -94,13 +94,13 @@ fourth is the caller's (pass no misbehaving nominal run to drop them).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 from scipy import stats
 
 from drive import metrics
+from drive.studies.misbehaviour.rows import Figures, Row
 from drive.studies.misbehaviour.windows import (
     DEFAULTS,
     FIELD,
@@ -114,48 +114,12 @@ from drive.studies.misbehaviour.windows import (
     nominal_windows,
 )
 
-__all__ = ["CONFIDENCE_LEVELS", "DEFAULTS", "FIELD", "FPS", "SCORINGS", "TTMS", "Episode", "Figures",
-           "ProtocolConfig", "Row", "evaluate", "fit_threshold", "gamma_threshold", "misbehaviour_windows",
-           "nominal_windows", "rates"]  # fmt: skip
+__all__ = ["DEFAULTS", "FIELD", "FPS", "LEVELS", "SCORINGS", "TTMS", "Episode", "Figures", "ProtocolConfig",
+           "Row", "evaluate", "fit_threshold", "gamma_threshold", "misbehaviour_windows", "nominal_windows",
+           "rates"]  # fmt: skip
 
-CONFIDENCE_LEVELS = (0.95, 0.99, 0.999, 0.9999, 0.99999)
+LEVELS = (0.95, 0.99, 0.999, 0.9999, 0.99999)  # the confidence levels scored by default (the field's)
 TTMS = (1, 2, 3)
-
-
-class Figures(NamedTuple):
-    threshold: float
-    tp: float
-    fn: float
-    fp: float
-    tn: float
-    precision: float
-    recall: float
-    fpr: float
-    accuracy: float
-    f1: float
-    f3: float
-    auroc: float
-    auprc: float
-    median_lead_s: float
-
-
-@dataclass(frozen=True)
-class Row:
-    level: float
-    ttm: int
-    value: Figures
-    low: Figures
-    """2.5 % bootstrap percentile of each figure"""
-    high: Figures
-    """97.5 % bootstrap percentile"""
-    before_start: int
-    """misbehaviours whose window would start before the first scored step (step 0 or the warm-up's end)"""
-    overlap: int
-    """misbehaviours whose window overlaps an earlier misbehaviour or its window (not scorable)"""
-    merged: int
-    """onsets while the previous misbehaviour was still on (no new misbehaviour)"""
-    nominal_left_out: int
-    """nominal windows not scored: they hold the run's own misbehaviour or the lead horizon before it"""
 
 
 # -- thresholds and figures --------------------------------------------------------------------------------------------
@@ -262,7 +226,7 @@ def nominal_folds(n_nominal: int, cfg: ProtocolConfig) -> list[np.ndarray]:
 def evaluate(
     episodes: Sequence[Episode],
     cfg: ProtocolConfig = DEFAULTS,
-    levels: Sequence[float] = CONFIDENCE_LEVELS,
+    levels: Sequence[float] = LEVELS,
     ttms: Sequence[int] = TTMS,
     n_boot: int = 1000,
     seed: int = 0,

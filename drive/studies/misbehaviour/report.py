@@ -38,6 +38,7 @@ import numpy as np
 from drive import metrics
 from drive.loop.failures import SIGNALS
 from drive.studies.misbehaviour import nulls, protocol
+from drive.studies.misbehaviour.rows import pick, rows_of
 from drive.studies.over_seeds import interval, welch
 
 NOMINAL = "nominal"  # the clean-camera condition of every controller
@@ -100,20 +101,24 @@ def prediction(
     ttms: Sequence[int],
     n_boot: int,
     seed: int,
-    field_at: tuple[float, int] | None = None,
+    *,
+    level: float | None = None,
+    ttm: int | None = None,
     families: Mapping[str, tuple[str, bool]] | None = None,
 ) -> dict[str, Any]:
-    """{group: {monitor: [row dicts]}} for one controller's ungated cells ({condition: cell}); with `field_at`
-    (the headline's level, TTM): {group: {"nulls": {monitor: ...}}}, each monitor's two null controls through the
-    same pipeline at that level and TTM (drive/studies/misbehaviour/nulls.py), and, under a protocol other than the
-    field's, {group: {"field": {monitor: row dict}}}, the field's rules beside ours. `families` as `groups` takes
-    them."""
-    headline = field_at
+    """{group: {monitor: [row dicts]}} for one controller's ungated cells ({condition: cell}), rows as
+    `rows.Row.to_dict` writes them; with the headline's `level` and `ttm`: {group: {"nulls": {monitor: ...}}}, each
+    monitor's two null controls through the same pipeline at that level and TTM (drive/studies/misbehaviour/nulls.py),
+    and, under a protocol other than the field's, {group: {"field": {monitor: row dict}}}, the field's rules beside
+    ours. `families` as `groups` takes them."""
+    if (level is None) != (ttm is None):
+        raise ValueError(f"prediction: the headline needs both a level and a TTM, got {level} and {ttm}")
+    headline = level is not None and ttm is not None
+    beside = headline and cfg != protocol.FIELD
     nominal_eps = cells[NOMINAL]["episodes"]
     misbehaving = sum(1 for ep in nominal_eps if _onsets(ep))
     out: dict[str, Any] = {"nominal_episodes": len(nominal_eps), "nominal_misbehaving": misbehaving, "groups": {}}
     monitors = list(scores_of(nominal_eps[0])) if nominal_eps else []
-    field_at = None if cfg == protocol.FIELD else field_at
     for group, conditions in groups(list(cells), families).items():
         shifted = [ep for c in conditions for ep in cells[c]["episodes"] if _onsets(ep)]
         table: dict[str, Any] = {
@@ -122,9 +127,9 @@ def prediction(
             "misbehaviours": sum(len(_onsets(ep)) for ep in shifted),
             "monitors": {},
         }
-        if headline is not None:
+        if headline:
             table["nulls"] = {}
-        if field_at is not None:
+        if beside:
             table["field"] = {}
         for monitor in monitors if shifted else ():
             episodes = [_episode(ep, monitor, True) for ep in nominal_eps]
@@ -134,15 +139,12 @@ def prediction(
             except ValueError as exc:  # too few nominal windows (every nominal run misbehaves): nothing to fit on
                 table["unscored"] = str(exc)
                 break
-            table["monitors"][monitor] = [_row(r) for r in rows]
-            if headline is not None:
-                level, ttm = headline
+            table["monitors"][monitor] = [r.to_dict() for r in rows]
+            if level is not None and ttm is not None:
                 table["nulls"][monitor] = _nulls(episodes, cfg, level, ttm, n_boot, seed)
-            if field_at is not None:
-                level, ttm = field_at
-                table["field"][monitor] = _row(
-                    protocol.evaluate(episodes, protocol.FIELD, [level], [ttm], n_boot, seed)[0]
-                )
+                if beside:
+                    field = protocol.evaluate(episodes, protocol.FIELD, [level], [ttm], n_boot, seed)
+                    table["field"][monitor] = pick(field, level, ttm).to_dict()
         out["groups"][group] = table
     return out
 
@@ -154,22 +156,8 @@ def _nulls(
     controlled = nulls.with_nulls(episodes, cfg, [level], [ttm], n_boot, seed)
     flags = controlled.clears[0]
     return {
-        **{name: _row(rows[0]) for name, rows in controlled.nulls.items()},
+        **{name: pick(rows, level, ttm).to_dict() for name, rows in controlled.nulls.items()},
         "clears": {"f3": bool(flags.f3), "auroc": bool(flags.auroc)},
-    }
-
-
-def _row(row: protocol.Row) -> dict[str, Any]:
-    return {
-        "level": row.level,
-        "ttm": row.ttm,
-        "value": row.value._asdict(),
-        "low": row.low._asdict(),
-        "high": row.high._asdict(),
-        "before_start": row.before_start,
-        "overlap": row.overlap,
-        "merged": row.merged,
-        "nominal_left_out": row.nominal_left_out,
     }
 
 
@@ -299,11 +287,9 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             table = entries[c].get("prediction", {}).get("groups", {}).get("held_out", {})
             misbehaviours.append(table.get("misbehaviours", 0))
             for monitor, rows in table.get("monitors", {}).items():
-                row = next(
-                    (r for r in rows if abs(r["level"] - plan["level"]) < 1e-12 and r["ttm"] == plan["ttm"]), None
-                )
-                for metric in PREDICTION_METRICS if row else ():
-                    values.setdefault(monitor, {}).setdefault(metric, []).append(row["value"][metric])
+                value = pick(rows_of(rows), plan["level"], plan["ttm"]).value
+                for metric in PREDICTION_METRICS:
+                    values.setdefault(monitor, {}).setdefault(metric, []).append(getattr(value, metric))
             if entries[c].get("fallback"):
                 for metric, v in _pooled_prevention(entries[c]["fallback"], table.get("conditions", [])).items():
                     prevention.setdefault(metric, []).append(v)

@@ -14,13 +14,21 @@ from typing import Any
 from datasets.files import atomic_write
 from datasets.root import portable
 from drive.studies.misbehaviour.report import figure_at
+from drive.studies.misbehaviour.rows import Row, pick, rows_of
 from drive.studies.over_seeds import cell_text
 
 
-def _ci(v: dict[str, float], key: str | None = None, fmt: str = ".2f") -> str:
-    value, low, high = (
-        (v["value"], v["low"], v["high"]) if key is None else (v["value"][key], v["low"][key], v["high"][key])
-    )
+def _ci(v: dict[str, float], fmt: str = ".2f") -> str:
+    """'value [low, high]' of an interval {"value", "low", "high"}; '–' where the value is missing."""
+    return _interval_text(v["value"], v["low"], v["high"], fmt)
+
+
+def _row_ci(row: Row, figure: str, fmt: str = ".2f") -> str:
+    """'value [low, high]' of one figure of a result row."""
+    return _interval_text(getattr(row.value, figure), getattr(row.low, figure), getattr(row.high, figure), fmt)
+
+
+def _interval_text(value: float | None, low: float, high: float, fmt: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     interval = "" if math.isnan(low) or math.isnan(high) else f" [{low:{fmt}}, {high:{fmt}}]"
@@ -46,10 +54,6 @@ def labels(controllers: Sequence[str]) -> dict[str, str]:
             return out
         for c in grow:
             n[c] += 1
-
-
-def _pick(rows: list[dict[str, Any]], level: float, ttm: int) -> dict[str, Any] | None:
-    return next((r for r in rows if abs(r["level"] - level) < 1e-12 and r["ttm"] == ttm), None)
 
 
 def prediction_table(results: dict[str, Any], group: str) -> list[str]:
@@ -87,18 +91,18 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
             )
             lines.append(f"| {name[controller]} | none: {why} | {table['misbehaviours']} | – | – | – | – | – |{empty}")
         for monitor, rows in table["monitors"].items():
-            row = _pick(rows, plan["level"], plan["ttm"])
-            if row is None:
-                continue
+            row = pick(rows_of(rows), plan["level"], plan["ttm"])
             field = table.get("field", {}).get(monitor)
             theirs = _null_cells(table.get("nulls", {}).get(monitor)) if controls else ""
-            theirs += (f" {_ci(field, 'f3')} | {_ci(field, 'auroc')} |" if field else " – | – |") if beside else ""
+            if beside:
+                f = Row.from_dict(field) if field else None
+                theirs += f" {_row_ci(f, 'f3')} | {_row_ci(f, 'auroc')} |" if f else " – | – |"
             shown = f"**{monitor}** (declared)" if monitor == plan.get("gate_signal") else monitor
-            scored = round(row["value"]["tp"] + row["value"]["fn"])  # the windows scored at this TTM
+            scored = round(row.value.tp + row.value.fn)  # the windows scored at this TTM
             lines.append(
                 f"| {name[controller]} | {shown} | {table['misbehaviours']} ({scored}) | "
-                f"{_ci(row, 'recall')} | {_ci(row, 'fpr', '.3f')} | {_ci(row, 'f3')} | {_ci(row, 'auroc')} | "
-                f"{_ci(row, 'median_lead_s', '.1f')} |{theirs}"
+                f"{_row_ci(row, 'recall')} | {_row_ci(row, 'fpr', '.3f')} | {_row_ci(row, 'f3')} | "
+                f"{_row_ci(row, 'auroc')} | {_row_ci(row, 'median_lead_s', '.1f')} |{theirs}"
             )
     return lines if len(lines) > 2 else ["No misbehaviour in these families for any controller: nothing to predict."]
 
@@ -107,10 +111,8 @@ def _null_cells(controls: dict[str, Any] | None) -> str:
     """Three cells: each null's F3 / AUROC and whether the monitor's F3 and AUROC intervals clear both nulls'."""
     if not controls:
         return " – | – | – |"
-    cells = [
-        f" {_ci(controls[name], 'f3')} / {_ci(controls[name], 'auroc')} |"
-        for name in ("block_permuted", "information_free")
-    ]
+    nulls = {name: Row.from_dict(controls[name]) for name in ("block_permuted", "information_free")}
+    cells = [f" {_row_ci(row, 'f3')} / {_row_ci(row, 'auroc')} |" for row in nulls.values()]
     clears = controls["clears"]
     verdict = {(True, True): "F3 and AUROC", (True, False): "F3 only", (False, True): "AUROC only"}
     return "".join(cells) + f" {verdict.get((clears['f3'], clears['auroc']), '**no**')} |"
@@ -276,8 +278,8 @@ def plot_f3(results: dict[str, Any], path: Path) -> Path | None:
     for controller, entry in results["controllers"].items():
         table = entry.get("prediction", {}).get("groups", {}).get("held_out")
         for monitor, rows in (table or {}).get("monitors", {}).items():
-            picked = [_pick(rows, plan["level"], t) for t in plan["ttms"]]
-            f3 = [r["value"]["f3"] if r else math.nan for r in picked]
+            typed = rows_of(rows)
+            f3 = [pick(typed, plan["level"], t).value.f3 for t in plan["ttms"]]
             ax.plot(plan["ttms"], f3, marker="o", label=f"{name[controller]}: {monitor}")
             drawn = True
     if not drawn:

@@ -16,7 +16,7 @@ import pytest
 
 from drive.cli import main
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 NSAC = ROOT / "checkpoints" / "carracing_nsac.pt"
 PLUGIN = '''
 import numpy as np
@@ -112,7 +112,10 @@ def test_controllers_are_labelled_by_the_shortest_telling_part_of_their_path():
 
 
 def _controller(f3: float, prevented_with: int) -> dict:
-    row = {"level": 0.999, "ttm": 2, "value": {"recall": f3, "fpr": 0.01, "f3": f3, "auroc": 0.9}}
+    from drive.studies.misbehaviour.rows import Figures, Row
+
+    figures = Figures(**{**dict.fromkeys(Figures._fields, math.nan), "recall": f3, "fpr": 0.01, "f3": f3, "auroc": 0.9})
+    row = Row(0.999, 2, figures, figures, figures, 0, 0, 0, 0).to_dict()
     fallback = {"conditions": {
         "nominal": {"misbehaviours_without": 0, "misbehaviours_with": 0, "benign_episodes": 4,
                     "handed_over_benign": {"value": 0.02}, "interventions_per_km": {"value": 0.5},
