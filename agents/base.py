@@ -2,7 +2,7 @@
 
 A controller maps an input batch to Gaussian moments per stochastic sample:
 
-    moments(x, n_samples) -> (mu, var), both (S, B, D)      S samples first, always explicit
+    moments(x, samples) -> (mu, var), both (S, B, D)      S samples first, always explicit
 
 and the base class turns them into a `Prediction` by the law of total variance:
 
@@ -106,17 +106,17 @@ class Controller(nn.Module):
         return self.y_scale**2 * self.aleatoric_temperature**2
 
     # -- the interface ---------------------------------------------------------------------------------------------
-    def moments(self, x: Tensor, n_samples: int = 1, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def moments(self, x: Tensor, samples: int = 1, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Per-sample Gaussian moments in original units, each (S, B, D)."""
-        mu, var = self._moments(x, n_samples, generator)
+        mu, var = self._moments(x, samples, generator)
         return mu * self.y_scale + self.y_loc, var * self._var_scale()
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         """Training loss (scalar) for targets y (B, D) in original units."""
         return self._loss(x, self._standardise(y))
 
-    def predict(self, x: Tensor, n_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
-        mu, var = self.moments(x, n_samples or self.default_samples, generator)
+    def predict(self, x: Tensor, samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
+        mu, var = self.moments(x, samples or self.default_samples, generator)
         return total_variance(mu, var)
 
     #: why inference-time stochastic attention (SA) cannot calibrate this controller post hoc, or None when it can
@@ -154,7 +154,7 @@ class Controller(nn.Module):
         """Called after each training epoch (SWAG collects its weight moments here). Nothing by default."""
 
     # -- for subclasses --------------------------------------------------------------------------------------------
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:

@@ -109,11 +109,11 @@ class ContextualDropout(FTController):
         self.net(x, noise)
         return noise.rates
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         b = x.shape[0]
-        tiled = x.repeat(n_samples, *([1] * (x.dim() - 1)))  # (S*B, ...)
+        tiled = x.repeat(samples, *([1] * (x.dim() - 1)))  # (S*B, ...)
         mu = self.net(tiled, ContextNoise(generator=generator))  # (S*B, D), z ~ p(z | x)
-        return self.point_moments(mu.view(n_samples, b, -1))  # (S, B, D)
+        return self.point_moments(mu.view(samples, b, -1))  # (S, B, D)
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         noise = ContextNoise(dropout=True, y=y)  # z ~ q(z | x, y); the backbone's attention dropout as in training

@@ -68,16 +68,16 @@ class DeepEnsemble(Controller):
         self.default_samples = cfg.n_members
         self.members = nn.ModuleList(Member(cfg) for _ in range(cfg.n_members))
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        used = min(n_samples, len(self.members))
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        used = min(samples, len(self.members))
         outs = [self.members[m](x) for m in range(used)]
         mu = torch.stack([o[0] for o in outs])  # (M', B, D)
         var = torch.stack([o[1] for o in outs])
-        index = torch.arange(n_samples, device=mu.device) % used
+        index = torch.arange(samples, device=mu.device) % used
         return mu[index], var[index]  # (S, B, D)
 
-    def predict(self, x: Tensor, n_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
-        """The exact ensemble (all M members) whatever n_samples: a prediction has no sample axis to fill."""
+    def predict(self, x: Tensor, samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
+        """The exact ensemble (all M members) whatever samples: a prediction has no sample axis to fill."""
         return total_variance(*self.moments(x, len(self.members), generator))
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:

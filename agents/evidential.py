@@ -109,16 +109,16 @@ class DeepEvidential(Controller):
         self._last = {"gamma": gamma.detach(), "nu": nu.detach(), "alpha": alpha.detach(), "beta": beta.detach()}
         return gamma, nu, alpha, beta
 
-    def predict(self, x: Tensor, n_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
+    def predict(self, x: Tensor, samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
         gamma, nu, alpha, beta = self.nig(x)
         aleatoric = beta / (alpha - 1)  # E[sigma^2]
         epistemic = aleatoric / nu  # Var[mu]
         scale2 = self.y_scale**2
         return Prediction(gamma * self.y_scale + self.y_loc, aleatoric * self._var_scale(), epistemic * scale2)
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         gamma, nu, alpha, beta = self.nig(x)  # (B, D) each
-        shape = (n_samples, *gamma.shape)
+        shape = (samples, *gamma.shape)
         sigma2 = beta / sample_gamma(alpha.expand(shape).contiguous(), generator)  # (S, B, D) ~ InvGamma
         eps = torch.randn(shape, generator=generator, device=gamma.device, dtype=gamma.dtype)
         mu = gamma + torch.sqrt(sigma2 / nu) * eps  # (S, B, D) ~ N(gamma, sigma^2 / nu)

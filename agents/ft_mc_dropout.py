@@ -44,8 +44,8 @@ class FTMCDropout(FTController):
         super().__init__(cfg)
         self.default_samples = cfg.n_samples
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         b = x.shape[0]
-        tiled = x.repeat(n_samples, *([1] * (x.dim() - 1)))  # (S*B, ...): one mask per row
+        tiled = x.repeat(samples, *([1] * (x.dim() - 1)))  # (S*B, ...): one mask per row
         mu = self.net(tiled, Noise(dropout=True, generator=generator))  # (S*B, D)
-        return self.point_moments(mu.view(n_samples, b, -1))  # (S, B, D)
+        return self.point_moments(mu.view(samples, b, -1))  # (S, B, D)

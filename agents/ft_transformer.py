@@ -194,6 +194,6 @@ class FTTransformer(FTController):
 
     default_samples = 1
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         mu = self.net(x)  # (B, D)
-        return self.point_moments(mu.expand(n_samples, *mu.shape))  # (S, B, D)
+        return self.point_moments(mu.expand(samples, *mu.shape))  # (S, B, D)

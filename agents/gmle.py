@@ -52,10 +52,10 @@ class GMLE(Controller):
         self.backbone = AttentionBackbone(cfg.encoder, cfg.n_heads)
         self.head = GaussianHead(cfg.encoder.d_model, cfg.out_dim)
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         mu, var = self.head(self.backbone(x))  # (B, D) each
         # Deterministic: every "sample" is the same Gaussian, so the epistemic variance is exactly 0.
-        return mu.expand(n_samples, *mu.shape), var.expand(n_samples, *var.shape)  # (S, B, D)
+        return mu.expand(samples, *mu.shape), var.expand(samples, *var.shape)  # (S, B, D)
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         mu, var = self.head(self.backbone(x))

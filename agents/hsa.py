@@ -89,8 +89,8 @@ class HSA(FTController):
         """The last pass's sampled weights per block: centroid assignments (B, H, T, K), attention (B, H, L, T)."""
         return {f"{name}_{i}": w for i, blk in enumerate(self.net.blocks) for name, w in blk.last_weights.items()}
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         b = x.shape[0]
-        tiled = x.repeat(n_samples, *([1] * (x.dim() - 1)))  # (S*B, ...): independent Gumbel noise per row
+        tiled = x.repeat(samples, *([1] * (x.dim() - 1)))  # (S*B, ...): independent Gumbel noise per row
         mu = self.net(tiled, Noise(generator=generator))  # (S*B, D)
-        return self.point_moments(mu.view(n_samples, b, -1))  # (S, B, D)
+        return self.point_moments(mu.view(samples, b, -1))  # (S, B, D)

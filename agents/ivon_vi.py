@@ -108,10 +108,8 @@ class IVONRegressor(FTController):
     def posterior_var(self) -> Tensor:  # (P,) sigma^2 = 1 / (lambda (h + delta))
         return 1.0 / (self.ess * (self.posterior_hess + self.cfg.prior_precision))
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         mean = parameters_to_vector(self.net.parameters())
         std = self.posterior_var().sqrt()
-        draws = [
-            mean + std * torch.randn(mean.shape, generator=generator, device=mean.device) for _ in range(n_samples)
-        ]
+        draws = [mean + std * torch.randn(mean.shape, generator=generator, device=mean.device) for _ in range(samples)]
         return self.point_moments(torch.stack([flat_call(self.net, theta, x) for theta in draws]))  # (S, B, D)

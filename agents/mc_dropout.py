@@ -64,12 +64,12 @@ class MCDropout(Controller):
         self.backbone = AttentionBackbone(cfg.encoder, cfg.n_heads, dropout=cfg.dropout)
         self.head = GaussianHead(cfg.encoder.d_model, cfg.out_dim)
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         tokens = self.backbone.tokens(x)  # (B, T, d), once
         b = tokens.shape[0]
-        tiled = tokens.unsqueeze(0).expand(n_samples, *tokens.shape).reshape(n_samples * b, *tokens.shape[1:])
+        tiled = tokens.unsqueeze(0).expand(samples, *tokens.shape).reshape(samples * b, *tokens.shape[1:])
         mu, var = self.head(self.backbone.head_input(tiled, generator))  # (S*B, D), one mask per row
-        return mu.view(n_samples, b, -1), var.view(n_samples, b, -1)  # (S, B, D)
+        return mu.view(samples, b, -1), var.view(samples, b, -1)  # (S, B, D)
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         mu, var = self.head(self.backbone(x))  # one dropout mask per example

@@ -135,10 +135,13 @@ class NSACConfig:
     ood_fit: float = 0.0
     """weight of the NLL of the surrogate's mean prediction against the clean label (0: the paper's loss, which
     fits the clean batch only): the passes may disagree off-distribution, their mean must still drive"""
+    n_samples: int = 32
+    """stochastic samples S of the attention head for a prediction (`predict` without a count); checkpoints saved
+    before this field existed load with this default, the count they predicted with"""
 
     def __post_init__(self):
         heads_divide(self, self.encoder.d_model)
-        at_least(self, 1, "out_dim")
+        at_least(self, 1, "out_dim", "n_samples")
         at_least(
             self, 0, "top_k", "noise_scale", "reg_weight", "var_eps", "ood_scale", "ood_gain", "ood_offset", "ood_fit"
         )
@@ -171,7 +174,6 @@ class NSACConfig:
 
 class NSAC(Controller):
     lane_sampling = True  # agents/lanes.py
-    default_samples = 32
     internal_batch_axes: ClassVar[dict[str, int]] = {"attention": 1}
     internal_head_axes: ClassVar[dict[str, int]] = {
         "kappa": 0,
@@ -188,6 +190,7 @@ class NSAC(Controller):
     def __init__(self, cfg: NSACConfig):
         super().__init__(cfg.out_dim)
         self.cfg = cfg
+        self.default_samples = cfg.n_samples
         d = cfg.encoder.d_model
         self.encoder = build_encoder(cfg.encoder)
         self.norm = nn.LayerNorm(d)
@@ -216,13 +219,13 @@ class NSAC(Controller):
         x: Tensor,
         tokens: Tensor,
         normed: Tensor,
-        n_samples: int,
+        samples: int,
         generator: torch.Generator | None,
         sample: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """Standardised per-sample moments (S, B, D) each from the attention over `normed` (B, T, d)."""
         readout = (self.pool_identity, self.pool_identity.new_zeros(len(self.pool_identity)))
-        pooled = self.attention(normed, n_samples, generator, self._times(x), readout, sample)  # (S, B, 2d)
+        pooled = self.attention(normed, samples, generator, self._times(x), readout, sample)  # (S, B, 2d)
         mu_out, s_out = pooled.chunk(2, dim=-1)  # (S, B, d) each
         base = tokens.mean(1)  # (B, d): the residual path
         mu = self.mean_head(self.mean_readout.pooled(base + mu_out))  # (S, B, D)
@@ -230,11 +233,11 @@ class NSAC(Controller):
         return mu, torch.exp(2 * log_std.clamp(LOG_STD_MIN, LOG_STD_MAX))
 
     def head(
-        self, x: Tensor, n_samples: int, generator: torch.Generator | None = None, sample: bool = True
+        self, x: Tensor, samples: int, generator: torch.Generator | None = None, sample: bool = True
     ) -> tuple[Tensor, Tensor]:
         """Standardised per-sample moments (S, B, D) each; sample=False: the mean-logit pass (S = 1, no noise)."""
         tokens, normed = self._encode(x)
-        return self._attend(x, tokens, normed, n_samples, generator, sample)
+        return self._attend(x, tokens, normed, samples, generator, sample)
 
     def ood_inputs(self, x: Tensor) -> Tensor:
         """The OOD surrogate on the model input, per sample one of two Gaussian perturbations (ood_noise_share of the
@@ -265,8 +268,8 @@ class NSAC(Controller):
         std = heads.detach().transpose(0, 2).flatten(1).std(1).view(1, 1, -1, 1)  # (1, 1, H, 1)
         return (heads + self.cfg.ood_scale * std * torch.randn_like(heads)).flatten(-2)  # (B, T, d)
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        return self.head(x, n_samples, generator)
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        return self.head(x, samples, generator)
 
     def deterministic_pass(self, x: Tensor) -> Prediction:
         """The mean-logit pass (no OU noise), standardised units: what SA resamples the attention of."""

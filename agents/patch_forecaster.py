@@ -155,12 +155,12 @@ class PatchTST(Controller):
         m, s = loc[:, :, t], scale[:, :, t]  # (B, 1): the target's level and scale, in the units of y
         return self._standardise(m + s * mu_z), (s / self.y_scale) ** 2 * (F.softplus(raw) + 1e-6)
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        if n_samples > 1 and any(is_stochastic(m) for m in self.modules()):
-            mu, var = self._gaussian(x.repeat(n_samples, *([1] * (x.dim() - 1))))  # (S*B, H): S passes
-            return mu.view(n_samples, -1, self.out_dim), var.view(n_samples, -1, self.out_dim)  # (S, B, H)
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        if samples > 1 and any(is_stochastic(m) for m in self.modules()):
+            mu, var = self._gaussian(x.repeat(samples, *([1] * (x.dim() - 1))))  # (S*B, H): S passes
+            return mu.view(samples, -1, self.out_dim), var.view(samples, -1, self.out_dim)  # (S, B, H)
         mu, var = self._gaussian(x)  # deterministic: one pass stands for every sample
-        return mu.expand(n_samples, *mu.shape), var.expand(n_samples, *var.shape)  # (S, B, H)
+        return mu.expand(samples, *mu.shape), var.expand(samples, *var.shape)  # (S, B, H)
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         mu, var = self._gaussian(x)

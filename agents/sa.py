@@ -126,14 +126,14 @@ def sa_samples(
     model: nn.Module,
     x: Tensor,
     nu: int,
-    n_samples: int,
+    samples: int,
     generator: torch.Generator | None = None,
     forward: Forward = _call,
 ) -> Tensor:
     """SA's predictive samples f_nu^(m)(x), (S, B, ...): S passes folded into one batch."""
     with stochastic_attention(model, nu, generator):
-        out = forward(model, _tile(x, n_samples))  # (S*B, ...)
-    return out.reshape(n_samples, x.shape[0], *out.shape[1:])
+        out = forward(model, _tile(x, samples))  # (S*B, ...)
+    return out.reshape(samples, x.shape[0], *out.shape[1:])
 
 
 def grid_search_nu(

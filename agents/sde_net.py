@@ -101,8 +101,8 @@ class SDENet(Controller):
             h = h + self.drift(torch.cat([h, t], -1)) * dt + g * math.sqrt(dt) * eps
         return h
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        return self.head(self.integrate(self.backbone(x), n_samples, generator))  # (S, B, D) each
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        return self.head(self.integrate(self.backbone(x), samples, generator))  # (S, B, D) each
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         h0 = self.backbone(x)  # (B, d)

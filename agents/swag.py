@@ -131,8 +131,8 @@ class _SWAGBase(Controller):
             for m in self.models:
                 m.collect()
 
-    def _moments(self, x: Tensor, n_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        mu = torch.stack([self.models[s % len(self.models)].sampled(x, generator) for s in range(n_samples)])
+    def _moments(self, x: Tensor, samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        mu = torch.stack([self.models[s % len(self.models)].sampled(x, generator) for s in range(samples)])
         return FTController.point_moments(mu)  # (S, B, D)
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:

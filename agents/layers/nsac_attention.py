@@ -205,9 +205,9 @@ class NSACAttention(nn.Module):
             raise ValueError(f"t_sample must be (B,) or (B, n) with B={b}, got {tuple(t_sample.shape)}")
         return torch.sigmoid(-t_a * t_sample.reshape(b, 1, 1, -1).to(t_a.dtype) + t_b)
 
-    def sample_logits(self, mu: Tensor, var: Tensor, n_samples: int, generator: torch.Generator | None) -> Tensor:
+    def sample_logits(self, mu: Tensor, var: Tensor, samples: int, generator: torch.Generator | None) -> Tensor:
         """a = mu + noise_scale sigma eps, eps ~ N(0, 1) iid. mu, var (B, H, ..) -> (B, H, S, ..), S in one draw."""
-        eps = lane_noise((*mu.shape[:2], n_samples, *mu.shape[2:]), generator, 0, dtype=mu.dtype, device=mu.device)
+        eps = lane_noise((*mu.shape[:2], samples, *mu.shape[2:]), generator, 0, dtype=mu.dtype, device=mu.device)
         std = (var.sqrt() * self.noise_scale).unsqueeze(2)
         if torch.is_grad_enabled() and (mu.requires_grad or var.requires_grad):
             return torch.addcmul(mu.unsqueeze(2), std, eps)
@@ -217,7 +217,7 @@ class NSACAttention(nn.Module):
     def forward(
         self,
         x: Tensor,
-        n_samples: int = 1,
+        samples: int = 1,
         generator: torch.Generator | None = None,
         t_sample: Tensor | None = None,
         readout: tuple[Tensor, Tensor] | None = None,
@@ -232,7 +232,7 @@ class NSACAttention(nn.Module):
         kappa, phi, psi = self.gates(q, k, idx)  # (B, H, K, n)
         t = self.time(t_sample, b)
         mu, var = ou_moments(kappa, phi, psi, t)
-        logits = self.sample_logits(mu, var, n_samples, generator) if sample else mu.unsqueeze(2)  # (B, H, S, K, n)
+        logits = self.sample_logits(mu, var, samples, generator) if sample else mu.unsqueeze(2)  # (B, H, S, K, n)
         alpha = torch.softmax(logits, dim=-2)  # over keys
         if self.sa_resample is not None:
             alpha = self.sa_resample(alpha.transpose(-1, -2)).transpose(-1, -2)

@@ -22,7 +22,7 @@ class Config:
     seeds: str = "1000"
     """track seeds to drive, one episode each: 'A-B' (inclusive), 'A,B,C'"""
     samples: PositiveInt | None = None
-    """stochastic samples per step (default: the controller's own, 32 for NSAC)"""
+    """stochastic samples per step (default: the controller's own)"""
     shadow: str | None = None
     """shadow expert acting on the privileged state every step (ppo, pursuit, PATH; default: the expert that labelled
     the controller's training data, as in drive eval; none: off)"""

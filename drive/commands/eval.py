@@ -68,7 +68,7 @@ def score_recordings(cfg: Config) -> int:
     if kind != "ckpt":
         raise UserError(f"--data scores a trained controller: give --ckpt PATH, not {cfg.policy!r}")
     results, scored = recording.evaluate_recordings(
-        path, cfg.data or "", n_samples=cfg.samples, seed=cfg.seed, skip_bad=cfg.skip_bad_rows, progress=cfg.progress
+        path, cfg.data or "", samples=cfg.samples, seed=cfg.seed, skip_bad=cfg.skip_bad_rows, progress=cfg.progress
     )
     print(recording.describe(results))
     if cfg.out is not None:

@@ -66,14 +66,14 @@ def fit_target_stats(dataset, batch_size: int = 1024) -> tuple[torch.Tensor, tor
 
 @torch.no_grad()
 def predict_dataset(
-    model, dataset, batch_size: int = 512, n_samples: int | None = None, seed: int = 0, device: str = "cpu"
+    model, dataset, batch_size: int = 512, samples: int | None = None, seed: int = 0, device: str = "cpu"
 ) -> tuple[Prediction, torch.Tensor]:
     """The model's Prediction over a whole dataset (in order) and the targets, both on the CPU."""
     model.eval()
     generator = torch.Generator(device=device).manual_seed(seed)
     parts, ys = [], []
     for x, y in iterate_batches(dataset, batch_size, shuffle=False):
-        pred = model.predict(x.to(device), n_samples or None, generator)
+        pred = model.predict(x.to(device), samples or None, generator)
         parts.append(Prediction(*(t.cpu() for t in pred)))
         ys.append(y.float())
     return Prediction(*(torch.cat(ts) for ts in zip(*parts, strict=True))), torch.cat(ys)

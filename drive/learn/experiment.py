@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.registry import CONTROLLERS, config_to_dict
+from agents.registry import CONTROLLERS, config_from_dict, config_to_dict
 from datasets.files import atomic_write
 from datasets.root import portable, portable_command
 from drive import checkpoint, metrics
@@ -107,6 +107,17 @@ def _diff(old: Any, new: Any, where: str) -> list[str]:
     return [] if json.dumps(old, default=str) == json.dumps(new, default=str) else [where.lstrip(".")]
 
 
+def _stored_config(name: Any, stored: Any) -> Any:
+    """A run's stored controller config with the fields added since it was written at their defaults (what that run
+    trained with: a new field's default keeps the old behaviour), so a resume does not count them as changes."""
+    if not isinstance(stored, dict) or name not in CONTROLLERS:
+        return stored
+    try:
+        return config_to_dict(config_from_dict(name, stored))
+    except (TypeError, ValueError):
+        return stored
+
+
 def resume_changes(
     req: TrainRequest, data: tasks.TaskData, model_cfg: Any, train_cfg: TrainerConfig, stored: dict[str, Any]
 ) -> list[str]:
@@ -115,7 +126,11 @@ def resume_changes(
     trainer_then = {k: v for k, v in stored.get("trainer", {}).items() if k not in FREE_ON_RESUME}
     changed = (
         _diff(stored.get("controller"), req.controller, "controller")
-        + _diff(stored.get("controller_config"), config_to_dict(model_cfg), "controller_config")
+        + _diff(
+            _stored_config(stored.get("controller"), stored.get("controller_config")),
+            config_to_dict(model_cfg),
+            "controller_config",
+        )
         + _diff(stored.get("data"), json.loads(json.dumps(data.fingerprint, default=str)), "data")
         + _diff(trainer_then, json.loads(json.dumps(trainer_now, default=str)), "trainer")
     )

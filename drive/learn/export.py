@@ -66,12 +66,12 @@ class MeanPass(nn.Module):
 
 
 class SampledPass(nn.Module):
-    def __init__(self, model: Controller, n_samples: int):
+    def __init__(self, model: Controller, samples: int):
         super().__init__()
-        self.model, self.n_samples = model, n_samples
+        self.model, self.samples = model, samples
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        p = self.model.predict(x, self.n_samples)
+        p = self.model.predict(x, self.samples)
         return p.mean, p.aleatoric_var, p.epistemic_var
 
 
@@ -88,10 +88,10 @@ def example_input(encoder: EncoderConfig, batch: int = 4, seed: int = 0) -> Tens
     return torch.randn(batch, encoder.in_dim, generator=g)
 
 
-def wrap(model: Controller, pass_: str, n_samples: int) -> nn.Module:
+def wrap(model: Controller, pass_: str, samples: int) -> nn.Module:
     if pass_ not in PASSES:
         raise UserError(f"pass {pass_!r}: choose one of {PASSES} (drive export: --samples 0 for the mean pass)")
-    return (MeanPass(model) if pass_ == "mean" else SampledPass(model, n_samples)).eval()
+    return (MeanPass(model) if pass_ == "mean" else SampledPass(model, samples)).eval()
 
 
 def _pair_gates(per_key, per_query, rows, w_c, b_c, w_m, b_m, kappa_min: float, psi_min: float):
@@ -213,14 +213,14 @@ def _short(exc: Exception) -> str:
 
 
 def export(
-    model: Controller, encoder: EncoderConfig, fmt: str, out: Path, pass_: str = "mean", n_samples: int = 32
+    model: Controller, encoder: EncoderConfig, fmt: str, out: Path, pass_: str = "mean", samples: int = 32
 ) -> str:
     """Write the pass in `fmt` to `out` (atomically); returns the exporter used."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: choose one of {FORMATS}")
     if fmt == "onnx":
         require_onnx()
-    module = wrap(model.eval(), pass_, n_samples)
+    module = wrap(model.eval(), pass_, samples)
     x = example_input(encoder, batch=2)
     with traceable(), _quiet_exporters():
         data, how = (_onnx_bytes if fmt == "onnx" else _torchscript_bytes)(module, x)
@@ -265,11 +265,11 @@ def check(
     path: Path,
     fmt: str,
     pass_: str = "mean",
-    n_samples: int = 32,
+    samples: int = 32,
     seed: int = 1,
 ) -> Check:
     """The exported file against PyTorch on a fresh batch of 7 (another batch size than the export's)."""
-    module = wrap(model.eval(), pass_, n_samples)
+    module = wrap(model.eval(), pass_, samples)
     x = example_input(encoder, batch=7, seed=seed)
     with torch.no_grad():
         ref, again = [t.numpy() for t in module(x)], [t.numpy() for t in module(x)]
@@ -277,7 +277,7 @@ def check(
     deterministic = all(np.array_equal(a, b) for a, b in zip(ref, again, strict=True))
     diff = max(float(np.abs(g - r).max()) for g, r in zip(got, ref, strict=True))
     # sampled: each predictive mean averages n draws with spread sqrt(epistemic var): standard error of the gap
-    n = n_samples if pass_ == "samples" else max(1, getattr(model, "default_samples", 1))
+    n = samples if pass_ == "samples" else max(1, getattr(model, "default_samples", 1))
     se = np.sqrt((ref[2] + got[2]) / n) + 1e-12
     gap = float((np.abs(got[0] - ref[0]) / se).max()) if not deterministic else 0.0
     return Check(deterministic, diff, gap)

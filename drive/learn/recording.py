@@ -96,12 +96,12 @@ def _frames(path: Path, skip_bad: bool, progress: bool) -> tuple[Any, np.ndarray
 
 
 @torch.no_grad()
-def predict_frames(model, x: np.ndarray, n_samples: int | None, seed: int, batch_size: int) -> Prediction:
+def predict_frames(model, x: np.ndarray, samples: int | None, seed: int, batch_size: int) -> Prediction:
     generator = torch.Generator().manual_seed(seed)
     parts = []
     for start in range(0, len(x), batch_size):
         batch = torch.from_numpy(x[start : start + batch_size])  # (B, 3 F, 66, 200) uint8
-        parts.append(model.predict(batch, n_samples, generator))
+        parts.append(model.predict(batch, samples, generator))
     return Prediction(*(torch.cat(ts) for ts in zip(*parts, strict=True)))
 
 
@@ -132,7 +132,7 @@ def evaluate_recordings(
     ckpt: str | Path,
     data: str,
     *,
-    n_samples: int | None = None,
+    samples: int | None = None,
     seed: int = 0,
     batch_size: int = 256,
     skip_bad: bool = False,
@@ -151,7 +151,7 @@ def evaluate_recordings(
         t = frame_times([log_.center[i] for i in rows])
         x = stack_history(x, history_rows(t, input_frames(model)))  # (N, 3 F, 66, 200): F = 1 leaves x as is
         t0 = time.perf_counter()
-        pred = predict_frames(model, x, n_samples, seed, batch_size)
+        pred = predict_frames(model, x, samples, seed, batch_size)
         log.info("%s: %d frames predicted in %.1f s", log_.path, len(x), time.perf_counter() - t0)
         scored.append(Scored(log_.path.parent.name, t, log_.steering[rows], pred, log_.line[rows]))
         per[str(log_.path)] = score(log_.steering[rows], pred, train_mean)
@@ -164,7 +164,7 @@ def evaluate_recordings(
         **score(y, pooled, train_mean),
         "train_mean_steering": train_mean,
         "train_mean_origin": origin,
-        "n_samples": n_samples,
+        "n_samples": samples,
         "seed": seed,
         "skipped_rows": len(skipped),
         "skipped": skipped[:100],

@@ -120,7 +120,7 @@ class SAPredictor:
         return self
 
     @torch.no_grad()
-    def predict(self, x: Tensor, n_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
+    def predict(self, x: Tensor, samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
         t = self.tokens(x)  # (B, E, T, d)
         m, b = self.n_passes, len(x)
         with stochastic_attention(self.model, self.nu, generator):

@@ -163,12 +163,12 @@ def standardised_point(model: nn.Module, x: Tensor) -> Tensor:
 
 @torch.no_grad()
 def sa_sample(
-    model: nn.Module, x: Tensor, nu: int, n_samples: int, seed: int, forward: Forward, batch: int
+    model: nn.Module, x: Tensor, nu: int, samples: int, seed: int, forward: Forward, batch: int
 ) -> Predictive:
     """S passes with SA at nu, centred on the deterministic output (chunks of `batch` inputs x S passes)."""
     generator = torch.Generator().manual_seed(seed)
-    step = max(1, batch // n_samples)
-    parts = [sa_samples(model, x[i : i + step], nu, n_samples, generator, forward) for i in range(0, len(x), step)]
+    step = max(1, batch // samples)
+    parts = [sa_samples(model, x[i : i + step], nu, samples, generator, forward) for i in range(0, len(x), step)]
     return Predictive(torch.cat(parts, 1), chunked(forward, batch)(model, x))  # (S, N, D), (N, D)
 
 
@@ -179,7 +179,7 @@ def sa_predictive(
     y_cal: Tensor,
     x_test: Tensor,
     *,
-    n_samples: int,
+    samples: int,
     passes: int,
     seed: int,
     forward: Forward = standardised_point,
@@ -205,8 +205,8 @@ def sa_predictive(
     if compare:
         record["comparison"] = compare_routines(model, x_cal, y_cal, found.nu, passes, seed, fwd)
     t0 = time.perf_counter()
-    cal = sa_sample(model, x_cal, found.nu, n_samples, seed + 1, forward, batch)
-    test = sa_sample(model, x_test, found.nu, n_samples, seed + 2, forward, batch)
+    cal = sa_sample(model, x_cal, found.nu, samples, seed + 1, forward, batch)
+    test = sa_sample(model, x_test, found.nu, samples, seed + 2, forward, batch)
     record["sampling_s"] = time.perf_counter() - t0
     return cal, test, record
 
@@ -244,12 +244,12 @@ def compare_routines(model, x, y, nu_default: int, passes: int, seed: int, forwa
 
 
 @torch.no_grad()
-def own_samples(model: nn.Module, x: Tensor, n_samples: int, seed: int, batch: int = 4096) -> Predictive:
+def own_samples(model: nn.Module, x: Tensor, samples: int, seed: int, batch: int = 4096) -> Predictive:
     """A baseline's own predictive: `moments(x, S)` means (var is 0 for the study's point predictors), standardised."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    step = max(1, batch // n_samples)
-    parts = [model.moments(x[i : i + step], n_samples, generator)[0] for i in range(0, len(x), step)]  # (S, b, D)
+    step = max(1, batch // samples)
+    parts = [model.moments(x[i : i + step], samples, generator)[0] for i in range(0, len(x), step)]  # (S, b, D)
     return from_samples((torch.cat(parts, 1) - model.y_loc) / model.y_scale)
 
 

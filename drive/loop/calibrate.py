@@ -91,7 +91,7 @@ def store_temperature(
     seeds: Sequence[int],
     shadow: str,
     coverage: float = 0.9,
-    n_samples: int | None = None,
+    samples: int | None = None,
     out: str | Path | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
     rule: str = "lap-median",
@@ -100,7 +100,7 @@ def store_temperature(
     checkpoint to `out` (default: in place, atomically). Returns what extra["calibration"] records."""
     env_kwargs = dict(env_kwargs or {"name": "carracing"})
     payload = checkpoint.read(path, kind="controller")
-    policy = controller_policy(path, n_samples, 0, shadow=shadow, env=env_kwargs.get("name", "carracing"))
+    policy = controller_policy(path, samples, 0, shadow=shadow, env=env_kwargs.get("name", "carracing"))
     model = policy.model
     model.set_aleatoric_temperature(torch.ones(()))  # type: ignore[operator]
     laps = nominal_predictions(policy, seeds, env_kwargs)
@@ -121,7 +121,7 @@ def store_temperature(
         "seeds": list(map(int, seeds)),
         "n_steps": int(len(laps["mean"])),
         "shadow": shadow,
-        "n_samples": policy.n_samples,
+        "n_samples": policy.samples,
         "fitted_on": "nominal laps in closed loop, shadow expert's actions",
         "coverage90_steer_before": before["coverage90_steer"],
         "coverage90_steer_after": after["coverage90_steer"],

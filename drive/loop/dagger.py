@@ -54,7 +54,7 @@ from drive.loop.policies import ControllerPolicy
 from drive.loop.pool import run_tasks
 from drive.loop.rollout import EpisodeResult, Lane, PolicyOutput
 from drive.loop.seeds import parse_seeds
-from drive.loop.specs import controller_policy
+from drive.loop.specs import PolicySpec
 from drive.loop.thresholds import resolve_threshold
 
 log = logging.getLogger(__name__)
@@ -119,10 +119,8 @@ def dagger_episodes(
     episode ends. Returns the manifest records in seed order."""
 
     def policy() -> MixedPolicy:
-        clone = controller_policy(
-            settings["ckpt"], settings["samples"], settings["seed"], settings["expert"], env=settings["env"]
-        )
-        return MixedPolicy(clone, settings["beta"], settings["seed"], settings.get("query_threshold"))
+        spec: PolicySpec = settings["policy"]
+        return MixedPolicy(spec.build(), settings["beta"], spec.seed, settings.get("query_threshold"))
 
     def lane(p: Any) -> Lane:
         return Lane(make_env(settings["env"], max_episode_steps=settings["max_episode_steps"]), p)
@@ -167,8 +165,13 @@ def validate(opts: DaggerOptions) -> tuple[dict[str, Any], list[int]]:
     clash = sorted(set(seeds) & {int(e["seed"]) for e in source.manifest["episodes"]})
     if clash:
         raise UserError(f"--seeds {clash} already in {opts.data}: choose other track seeds")
-    controller_policy(opts.ckpt, opts.samples, opts.seed, opts.expert, env=opts.env)  # a bad clone fails here
+    clone_spec(opts).build()  # a bad clone fails here
     return source.manifest, seeds
+
+
+def clone_spec(opts: DaggerOptions) -> PolicySpec:
+    """The clone that drives, its shadow the expert that labels."""
+    return PolicySpec("ckpt", str(opts.ckpt), opts.env, opts.samples, opts.seed, shadow=opts.expert)
 
 
 def _plan(opts: DaggerOptions, seeds: list[int], threshold: float | None) -> dict[str, Any]:
@@ -241,10 +244,7 @@ def aggregate(opts: DaggerOptions, recorder: Callable[[dict[str, Any]], Any]) ->
             log.info("resuming %s: %d of %d DAgger episodes already recorded", root, len(seeds) - len(todo), len(seeds))
         write_manifest(root, settings, episodes + list(done.values()), todo)
         job = {
-            "ckpt": str(opts.ckpt),
-            "samples": opts.samples,
-            "seed": opts.seed,
-            "expert": opts.expert,
+            "policy": clone_spec(opts),
             "beta": opts.beta,
             "max_episode_steps": opts.max_episode_steps,
             "env": opts.env,

@@ -1,12 +1,13 @@
 """Closed-loop evaluation of a policy on track seeds, one episode per seed, in this process or a worker pool.
 
-The policy is named by a spec (`expert:ppo`, `ckpt:PATH`; drive/loop/specs.py). Policies that never look at pixels
+The policy is a `PolicySpec` (`expert:ppo`, `ckpt:PATH` and a controller's options; drive/loop/specs.py), which every
+worker receives and builds. Policies that never look at pixels
 (experts act from the privileged state) run the env in its state-only mode: same physics and reward, no frames.
 A trained controller (`ckpt:PATH`) also gets its shadow expert (on-policy calibration), its latency and, with a
 fallback, a second run of every seed without it so both returns are reported.
 
 Observers such as the interpretability trace are built inside each worker by an `ObserverFactory` (the caller's:
-the loop does not know observers), called with the worker's env and the policy spec.
+the loop does not know observers), called with the worker's env and the policy's name (`str(spec)`).
 
 Output: settings, one record per episode (seed, return, completion, steps, tiles, off_track_events, lap_finished,
 ... plus the policy's `episode_summary()`) and mean/std/min/max return, mean completion, laps finished.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -33,7 +35,7 @@ from drive.loop.policies import aggregate
 from drive.loop.pool import Ticker, run_tasks
 from drive.loop.rollout import EpisodeResult, Lane, Observer, run_lanes
 from drive.loop.seeds import parse_seeds
-from drive.loop.specs import default_shadow, make_policy, parse_policy_spec
+from drive.loop.specs import PolicySpec, default_shadow
 from drive.loop.thresholds import fallback_for_command
 from drive.perturb.registry import parse_shift, shifted_env
 from sim_bridges.carracing.bridge import IDX
@@ -44,7 +46,7 @@ ObserverFactory = Callable[[gym.Env, str], Observer]
 _CACHE: dict[Any, list[Lane]] = {}  # per process: (spec, settings, observers) -> its lanes, built once per worker
 
 
-def _lanes(spec: str, settings: Mapping[str, Any], k: int, observers: ObserverFactory | None) -> list[Lane]:
+def _lanes(spec: PolicySpec, settings: Mapping[str, Any], k: int, observers: ObserverFactory | None) -> list[Lane]:
     def lane(policy: Any) -> Lane:
         env = make_env(
             settings["env"],
@@ -52,23 +54,20 @@ def _lanes(spec: str, settings: Mapping[str, Any], k: int, observers: ObserverFa
             max_episode_steps=settings["max_episode_steps"],
         )
         env = shifted_env(env, parse_shift(settings["perturb"]) if settings.get("perturb") else None)
-        built = [observers(env, spec)] if observers is not None else []
+        built = [observers(env, str(spec))] if observers is not None else []
         monitor = [FailureMonitor(IDX["heading_error"])] if settings.get("failures") else []
         return Lane(env, policy, [*built, *monitor])
-
-    def policy() -> Any:
-        return make_policy(spec, settings["env"], **dict(settings.get("policy_options", ())))
 
     try:
         hash(observers)
         factory: Any = observers
     except TypeError:
         factory = id(observers)
-    return cached_lanes(_CACHE, (spec, tuple(sorted(settings.items())), factory), k, policy, lane)
+    return cached_lanes(_CACHE, (spec, tuple(sorted(settings.items())), factory), k, spec.build, lane)
 
 
 def evaluate_episodes(
-    spec: str,
+    spec: PolicySpec,
     settings: Mapping[str, Any],
     seeds: Sequence[int],
     tick: Callable[[int], None] | None = None,
@@ -119,11 +118,16 @@ def phase_label(phase: str, fallback: bool = False) -> str:
 
 
 def _episodes(
-    opts: EvalOptions, seeds: Sequence[int], settings: Mapping[str, Any], label: str, observers: ObserverFactory | None
+    opts: EvalOptions,
+    spec: PolicySpec,
+    seeds: Sequence[int],
+    settings: Mapping[str, Any],
+    label: str,
+    observers: ObserverFactory | None,
 ) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     k = cars_per_process(opts.envs, len(seeds), opts.workers)
-    tasks = [(opts.policy, settings, tuple(seeds[i : i + k])) for i in range(0, len(seeds), k)]
+    tasks = [(spec, settings, tuple(seeds[i : i + k])) for i in range(0, len(seeds), k)]
     run_tasks(
         evaluate_episodes,
         tasks,
@@ -138,12 +142,12 @@ def _episodes(
     return sorted(records, key=lambda r: r["seed"])
 
 
-def _controller_variants(opts: EvalOptions, path: str) -> tuple[dict[str, Any], list[tuple[str, dict]]]:
-    shadow = default_shadow(opts.shadow, opts.env, path)
-    options = {"samples": opts.samples, "shadow": shadow or "none", "seed": opts.seed, "device": opts.device}
+def _controller_variants(opts: EvalOptions, spec: PolicySpec) -> tuple[dict[str, Any], list[tuple[str, PolicySpec]]]:
+    shadow = default_shadow(opts.shadow, opts.env, spec.arg)
+    plain = replace(spec, samples=opts.samples, shadow=shadow or "none", seed=opts.seed, device=opts.device)
     header: dict[str, Any] = {"shadow": shadow}
-    variants: list[tuple[str, dict[str, Any]]] = [("", {**options, "fallback": "off"})]
-    fb, threshold, origin = fallback_for_command(opts, path)
+    variants: list[tuple[str, PolicySpec]] = [("", plain)]
+    fb, threshold, origin = fallback_for_command(opts, spec.arg)
     if fb is not None:
         header["fallback"] = {
             "mode": fb.mode,
@@ -152,10 +156,7 @@ def _controller_variants(opts: EvalOptions, path: str) -> tuple[dict[str, Any], 
             "threshold": threshold,
             "threshold_origin": origin,
         }
-        variants = [
-            ("", {**options, "fallback": fb.mode, "fallback_threshold": threshold}),
-            ("no_fallback", variants[0][1]),
-        ]
+        variants = [("", replace(plain, fallback=fb.mode, threshold=threshold)), ("no_fallback", plain)]
     return header, variants
 
 
@@ -165,10 +166,10 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     seeds = parse_seeds(opts.seeds)
     if opts.workers < 1:
         raise UserError(f"--workers must be >= 1, got {opts.workers}")
-    kind, arg = parse_policy_spec(opts.policy)  # a bad spec fails here, not in every worker
+    spec = PolicySpec.parse(opts.policy, env=opts.env)  # a bad spec fails here, not in every worker
     resolve(opts.device)  # so does a device this machine lacks
     if opts.perturb:
-        if kind != "ckpt" or opts.env != "carracing":
+        if spec.kind != "ckpt" or opts.env != "carracing":
             raise UserError("--perturb applies to a trained controller (--ckpt PATH) on carracing")
         try:
             parse_shift(opts.perturb)
@@ -177,22 +178,17 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
     base = {"env": opts.env, "max_episode_steps": opts.max_episode_steps}
     out: dict[str, Any] = {"policy": portable(opts.policy), "env": opts.env, "seeds": seeds, **base}
     start = time.perf_counter()
-    if kind != "ckpt":
-        records = _episodes(opts, seeds, base, phase_label(""), observers)
+    if spec.kind != "ckpt":
+        records = _episodes(opts, spec, seeds, base, phase_label(""), observers)
         return {**out, **summarise_returns(records), "wall_s": time.perf_counter() - start, "episodes": records}
-    header, variants = _controller_variants(opts, arg)
+    header, variants = _controller_variants(opts, spec)
     out.update(header, perturb=opts.perturb or None)
     failures = opts.failure_horizon > 0 and opts.env == "carracing"
     runs = {}
-    for name, options in variants:
-        settings = {
-            **base,
-            "policy_options": tuple(sorted(options.items())),
-            "perturb": opts.perturb,
-            "failures": failures,
-        }
+    for name, variant in variants:
+        settings = {**base, "perturb": opts.perturb, "failures": failures}
         label = phase_label(name, fallback=len(variants) > 1)
-        runs[name] = _episodes(opts, seeds, settings, label, observers if not name else None)
+        runs[name] = _episodes(opts, variant, seeds, settings, label, observers if not name else None)
     if failures:
         out.update(_failure_prediction(opts, variants[-1][1], base, runs))
     records = runs[""]
@@ -212,14 +208,14 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
 
 def _failure_prediction(
     opts: EvalOptions,
-    plain_options: Mapping[str, Any],
+    plain: PolicySpec,
     base: Mapping[str, Any],
     runs: Mapping[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
     """Thresholds from nominal laps (clean camera, no fallback) on --calibrate-seeds, then each run's report; the
     per-step traces leave the records (their events stay)."""
-    settings = {**base, "policy_options": tuple(sorted(plain_options.items())), "failures": True}
-    laps = _episodes(opts, parse_seeds(opts.calibrate_seeds), settings, phase_label("nominal"), None)
+    settings = {**base, "failures": True}
+    laps = _episodes(opts, plain, parse_seeds(opts.calibrate_seeds), settings, phase_label("nominal"), None)
     nominal = split_traces(laps)
     thresholds = nominal_thresholds(np.concatenate([ep["signals"] for ep in nominal]), FallbackConfig().quantile)
     out = {}

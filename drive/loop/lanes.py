@@ -76,11 +76,11 @@ def predict_lanes(
     The batch is padded to `MIN_ROWS` and each lane samples from its own generator (agents/lanes.py), so a lane's
     prediction is the same whichever lanes share the call: one car and sixteen drive the same episode.
     """
-    model, n_samples = lanes[0].model, lanes[0].n_samples
+    model, samples = lanes[0].model, lanes[0].samples
     coder = lanes[0].coder
     form = (coder.coding, coder.input, coder.k)
     if any(
-        p.model is not model or p.n_samples != n_samples or (p.coder.coding, p.coder.input, p.coder.k) != form
+        p.model is not model or p.samples != samples or (p.coder.coding, p.coder.input, p.coder.k) != form
         for p in lanes
     ):
         raise ValueError("predict_lanes: every lane must share one model, sample count and frame coding")
@@ -101,7 +101,7 @@ def predict_lanes(
         generator = LaneGenerators([p.generator for p in lanes] + [spare] * pad)
     # `predict`, not total_variance(moments): the same for sampled methods, and the closed form where a method
     # has one (DER: mean gamma, E[sigma^2], E[sigma^2] / nu; one moments() draw would act on a sampled mean)
-    pred = model.predict(x, n_samples, generator)  # type: ignore[operator]  # (K', D) each
+    pred = model.predict(x, samples, generator)  # type: ignore[operator]  # (K', D) each
     latency_ms = (time.perf_counter() - t0) * 1e3
     mean, alea, epi = (to_host(v[:k]).numpy() for v in pred)  # (K, D) each
     internals = _internals(model, x.shape[0])[:k]
@@ -149,7 +149,7 @@ def act_lanes(policies: Sequence[Any], obs: Sequence[Any], infos: Sequence[Mappi
     driving_experts: list[int] = []
     for i, chain in enumerate(chains):
         if hasattr(chain[-1], "decide") and hasattr(chain[-1], "model"):  # a controller policy
-            groups.setdefault((id(chain[-1].model), chain[-1].n_samples), []).append(i)
+            groups.setdefault((id(chain[-1].model), chain[-1].samples), []).append(i)
         elif hasattr(chain[-1], "lane_expert"):  # an expert policy
             driving_experts.append(i)
     inner: list[Any] = [None] * len(policies)  # the chain root's step, before its wrappers

@@ -111,7 +111,7 @@ class EvalOptions:
     progress: bool = True
     """show a progress bar"""
     samples: PositiveInt | None = None
-    """ckpt: stochastic samples per step (default: the controller's own, 32 for NSAC)"""
+    """ckpt: stochastic samples per step (default: the controller's own)"""
     shadow: str | None = None
     """ckpt: shadow expert on the controller's states (default: the expert that labelled its data; none: off)"""
     fallback: str = "off"

@@ -110,7 +110,7 @@ class ControllerPolicy:
         self,
         model: torch.nn.Module,
         coder: ObservationCoder,
-        n_samples: int | None = None,
+        samples: int | None = None,
         seed: int = 0,
         shadow: Any = None,
         gate: FallbackGate | None = None,
@@ -130,9 +130,9 @@ class ControllerPolicy:
         for module in model.modules():  # each frame's token computed once, not k times (agents/encoders.py)
             if isinstance(module, FrameTokens):
                 module.remember_frames(True)
-        self.n_samples = int(n_samples or int(getattr(model, "default_samples", 1)))
-        if self.n_samples < 1:
-            raise ValueError(f"n_samples must be >= 1, got {self.n_samples}")
+        self.samples = int(samples or int(getattr(model, "default_samples", 1)))
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
         self.seed, self.shadow, self.gate, self.name = int(seed), shadow, gate, name
         self.generator = torch.Generator(self.device).manual_seed(self.seed)
         self.stats = OnPolicyStats()

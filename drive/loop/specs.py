@@ -4,14 +4,18 @@
 `load_expert("ppo")` rebuilds the shipped checkpoints/expert_ppo.pt (our checkpoint format, no SB3 needed);
 `load_expert("pursuit")` builds the geometric pure-pursuit driver; any other string is read as a path to an expert
 checkpoint. Every expert has `reset()` and `act(state) -> (3,) float32` with `state = info["state"]`.
-`make_policy("ckpt:PATH", env, **options)` is what `drive eval` runs; `POLICY_KINDS` maps each kind to its builder,
-so a new kind is one function and one line there.
+`PolicySpec` is what a closed-loop run drives, carried whole from the command line to the worker that builds it (it
+pickles): the kind and its argument plus every option a trained controller takes (`samples`, the stochastic samples
+per step, under that one name down to `ControllerPolicy` and the controller's `predict`). `PolicySpec.parse(
+"ckpt:PATH", samples=8).build()` is what `drive eval` runs (`make_policy` is the same in one call); `POLICY_KINDS`
+maps each kind to its builder, so a new kind is one function and one line there.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -109,7 +113,7 @@ def default_shadow(shadow: str | None, env: str, path: str | Path | None = None)
 # -- trained controllers -----------------------------------------------------------------------------------------------
 def controller_policy(
     path: str | Path,
-    n_samples: int | None = None,
+    samples: int | None = None,
     seed: int = 0,
     shadow: str | None = "ppo",
     fallback: FallbackConfig | None = None,
@@ -139,7 +143,7 @@ def controller_policy(
     coder = ObservationCoder.from_fingerprint(payload.get("data", {}), encoder.get("n_tokens", 4))
     expert = expert_policy(shadow, env).expert if shadow else None
     return ControllerPolicy(
-        model, coder, n_samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}", device=device
+        model, coder, samples, seed, expert, gate, name=f"{payload['name']}:{Path(path).name}", device=device
     )
 
 
@@ -149,23 +153,75 @@ def ckpt_policy(
     samples: int | None = None,
     shadow: str | None = None,
     fallback: str = "off",
-    fallback_threshold: float | None = None,
+    threshold: float | None = None,
     seed: int = 0,
     device: str = "cpu",
 ) -> ControllerPolicy:
-    """The `ckpt:PATH` builder of `drive eval` (runs in eval workers, so options are primitives)."""
+    """A `ckpt:PATH` policy from primitives: shadow None is the checkpoint's labelling expert, 'none' no shadow;
+    fallback a `parse_fallback` string (drive/loop/fallback.py), which then needs its threshold."""
     gate_cfg = parse_fallback(fallback)
     shadow = default_shadow(shadow, env, path)
-    return controller_policy(path, samples, seed, shadow, gate_cfg, fallback_threshold, env, device)
+    return controller_policy(path, samples, seed, shadow, gate_cfg, threshold, env, device)
 
 
 # -- policy specs ------------------------------------------------------------------------------------------------------
-def _expert_spec(arg: str, env: str) -> ExpertPolicy:
-    return expert_policy(arg, env)
+@dataclass(frozen=True)
+class PolicySpec:
+    """A closed-loop policy as data: `KIND:ARG` and the options of a trained controller. Frozen and picklable (eval
+    workers and Ray tasks receive it, and cache their lanes by it); `build()` makes the policy in the worker."""
+
+    kind: str
+    """expert or ckpt (POLICY_KINDS)"""
+    arg: str
+    """the expert's name or path (expert), the checkpoint's path (ckpt)"""
+    env: str = "carracing"
+    """the simulator the policy drives"""
+    samples: int | None = None
+    """ckpt: stochastic samples per step (None: the controller's own default)"""
+    seed: int = 0
+    """ckpt: seed of the controller's sampling"""
+    shadow: str | None = None
+    """ckpt: shadow expert (None: the expert that labelled its data; 'none': off; drive/loop/specs.py default_shadow)"""
+    fallback: str = "off"
+    """ckpt: the uncertainty-gated fallback, a `parse_fallback` string (off, expert, slow, MODE:KEY=VALUE,...; the
+    gate's signal and variance are among its keys)"""
+    threshold: float | None = None
+    """ckpt: the fallback's threshold (needed when fallback is on; drive/loop/thresholds.py resolve_threshold)"""
+    device: str = "cpu"
+    """ckpt: where the controller runs"""
+
+    def __post_init__(self) -> None:
+        parse_policy_spec(f"{self.kind}:{self.arg}")  # a one-line UserError for a bad kind or an empty arg
+        if self.samples is not None and int(self.samples) < 1:
+            raise UserError(f"policy {self}: samples must be >= 1, got {self.samples}")
+        parse_fallback(self.fallback)  # a bad fallback fails here, not in every worker
+
+    @classmethod
+    def parse(cls, text: str, **options: Any) -> PolicySpec:
+        """'ckpt:PATH' (or 'expert:NAME') and options (the other fields) -> the spec."""
+        kind, arg = parse_policy_spec(text)
+        return cls(kind, arg, **options)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.arg}"
+
+    def build(self) -> Any:
+        """The policy (an `ExpertPolicy`, a `ControllerPolicy`), built here: run it in the worker that drives it."""
+        return POLICY_KINDS[self.kind](self)
 
 
-#: spec kind -> builder(arg, env, **options). Extend here.
-POLICY_KINDS: dict[str, Callable[..., Any]] = {"expert": _expert_spec, "ckpt": ckpt_policy}
+def _expert_spec(spec: PolicySpec) -> ExpertPolicy:
+    return expert_policy(spec.arg, spec.env)
+
+
+def _ckpt_spec(spec: PolicySpec) -> ControllerPolicy:
+    return ckpt_policy(
+        spec.arg, spec.env, spec.samples, spec.shadow, spec.fallback, spec.threshold, spec.seed, spec.device
+    )
+
+
+#: spec kind -> builder(spec). Extend here.
+POLICY_KINDS: dict[str, Callable[[PolicySpec], Any]] = {"expert": _expert_spec, "ckpt": _ckpt_spec}
 
 
 def parse_policy_spec(spec: str) -> tuple[str, str]:
@@ -178,6 +234,5 @@ def parse_policy_spec(spec: str) -> tuple[str, str]:
 
 
 def make_policy(spec: str, env: str = "carracing", **options: Any) -> Any:
-    """Build the policy a spec such as 'expert:ppo' names (options: only for kinds that take them, e.g. ckpt)."""
-    kind, arg = parse_policy_spec(spec)
-    return POLICY_KINDS[kind](arg, env, **options)
+    """Build the policy a spec such as 'expert:ppo' names (options: PolicySpec's fields, e.g. samples for ckpt)."""
+    return PolicySpec.parse(spec, env=env, **options).build()

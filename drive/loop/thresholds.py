@@ -59,7 +59,7 @@ def resolve_threshold(
     cfg: FallbackConfig,
     threshold: float | None = None,
     calibrate_seeds: Sequence[int] = (),
-    n_samples: int | None = None,
+    samples: int | None = None,
     seed: int = 0,
     env_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[float, str]:
@@ -68,10 +68,10 @@ def resolve_threshold(
     if threshold is not None:
         return float(threshold), "given"
     env_kwargs = dict(env_kwargs or {})
-    policy = controller_policy(path, n_samples, seed, shadow=None, env=env_kwargs.get("name", "carracing"))
+    policy = controller_policy(path, samples, seed, shadow=None, env=env_kwargs.get("name", "carracing"))
     payload = checkpoint.read(path, kind="controller")
     stored = payload.get("extra", {}).get("fallback") or {}
-    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.n_samples, "variance": cfg.variance}
+    wanted = {"signal": cfg.signal, "quantile": cfg.quantile, "n_samples": policy.samples, "variance": cfg.variance}
     stored = {"variance": "epistemic", **stored} if stored else stored  # stored before gates had a variance choice
     if stored and all(stored.get(k) == v for k, v in wanted.items()):
         return float(stored["threshold"]), f"checkpoint (calibrated on seeds {stored.get('seeds')})"
@@ -113,14 +113,14 @@ def store_threshold(
     path: str | Path,
     cfg: FallbackConfig,
     calibrate_seeds: Sequence[int],
-    n_samples: int | None = None,
+    samples: int | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
 ) -> float:
     """Calibrate on nominal laps and write the threshold into the checkpoint's extra["fallback"] (atomically), so
     `drive eval --fallback` and `drive drive --fallback` use it without driving the nominal laps again."""
     env_kwargs = dict(env_kwargs or {})
     payload = checkpoint.read(path, kind="controller")
-    policy = controller_policy(path, n_samples, 0, shadow=None, env=env_kwargs.get("name", "carracing"))
+    policy = controller_policy(path, samples, 0, shadow=None, env=env_kwargs.get("name", "carracing"))
     refuse_a_silent_gate(path, payload["name"], policy, cfg)
     values = nominal_scores(policy, calibrate_seeds, cfg.signal, env_kwargs, cfg.variance)
     value = calibrate_threshold(values, cfg.quantile)
@@ -129,7 +129,7 @@ def store_threshold(
         "threshold": value,
         "signal": cfg.signal,
         "quantile": cfg.quantile,
-        "n_samples": policy.n_samples,
+        "n_samples": policy.samples,
         "variance": cfg.variance,
         "seeds": list(map(int, calibrate_seeds)),
         "n_steps": int(len(values)),
@@ -147,7 +147,7 @@ def refuse_a_silent_gate(path: str | Path, name: str, policy: ControllerPolicy, 
     if score(prediction_variance(prediction, cfg.variance), cfg.signal) > 0.0:
         return
     default = int(getattr(policy.model, "default_samples", 1))
-    if cfg.variance == "epistemic" and policy.n_samples == 1 and default > 1:
+    if cfg.variance == "epistemic" and policy.samples == 1 and default > 1:
         raise UserError(
             f"{path}: with --samples 1 controller {name}'s samples cannot disagree, so its epistemic "
             f"variance is 0 and an epistemic gate could never fire: give --samples 2 or more (its own: "

@@ -3,7 +3,7 @@
 - `ckpt:PATH` (`SteeringPolicy`): a controller trained on Udacity frames; each frame goes through
   `datasets.udacity.preprocess` (the very function training used), stacked with the previous ones when the
   controller takes several (`datasets.udacity_history.FrameHistory`, reset per connection), and
-  `predict(x, n_samples)`; its mean is the steering and its aleatoric/epistemic variances feed the speed controller;
+  `predict(x, samples)`; its mean is the steering and its aleatoric/epistemic variances feed the speed controller;
 - `vision` (the simulator's camera) / `vision:carracing` (the CarRacing stand-in's top-down view): the classical
   road follower `agents.experts.road_follower`, from the frame alone.
 Speed controller: a PD loop on the speed error towards a target lowered by the steering (|steering| *
@@ -96,8 +96,8 @@ class VisionPolicy:
 class SteeringPolicy:
     """A trained controller: preprocess, predict with S samples, steering = mean, uncertainty to the speed loop."""
 
-    def __init__(self, model, n_samples: int, seed: int, speed: SpeedController):
-        self.model, self.n_samples, self.speed = model, int(n_samples), speed
+    def __init__(self, model, samples: int, seed: int, speed: SpeedController):
+        self.model, self.samples, self.speed = model, int(samples), speed
         self.generator = torch.Generator().manual_seed(seed)
         self.history = FrameHistory(input_frames(model))  # a multi-frame controller's previous frames
 
@@ -108,7 +108,7 @@ class SteeringPolicy:
     def predict(self, rgb: np.ndarray) -> StepPrediction:
         x = torch.from_numpy(self.history.push(preprocess(rgb)))[None]  # (1, 3 F, 66, 200) uint8 YUV
         with torch.inference_mode():
-            pred = self.model.predict(x, self.n_samples, self.generator)
+            pred = self.model.predict(x, self.samples, self.generator)
         return StepPrediction(pred.mean[0].numpy(), pred.aleatoric_var[0].numpy(), pred.epistemic_var[0].numpy())
 
     def act(self, obs, info) -> PolicyOutput:
@@ -139,7 +139,7 @@ def checked_server(kind: str) -> str:
     return kind
 
 
-def make_policy(spec: str, speed: SpeedConfig, n_samples: int = 16, seed: int = 0) -> VisionPolicy | SteeringPolicy:
+def make_policy(spec: str, speed: SpeedConfig, samples: int = 16, seed: int = 0) -> VisionPolicy | SteeringPolicy:
     """`ckpt:PATH` (a controller trained on Udacity frames), `vision` or `vision:carracing`."""
     control = SpeedController(speed)
     if spec.startswith("ckpt:"):
@@ -153,7 +153,7 @@ def make_policy(spec: str, speed: SpeedConfig, n_samples: int = 16, seed: int = 
                 "(encoder 'nvidia', steering only: drive train --data udacity:DIR)"
             )
         log.info("controller %s from %s", payload["name"], path)
-        return SteeringPolicy(model, n_samples, seed, control)
+        return SteeringPolicy(model, samples, seed, control)
     if spec == "vision" or spec.startswith("vision:"):
         return VisionPolicy(spec.partition(":")[2] or "udacity", control)
     raise UserError(f"--driver must be vision or vision:carracing (or give --ckpt PATH), got {spec!r}")

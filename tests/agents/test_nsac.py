@@ -67,7 +67,7 @@ def _layer(**kw):
 def test_layer_logits_follow_the_ou_closed_form_of_its_gates():
     layer = _layer(top_k=5)
     x = torch.randn(2, 9, 32)
-    layer(x, n_samples=1)
+    layer(x, samples=1)
     st = layer.internals()
     mu, var = ou_moments(st["kappa"], st["phi"], st["psi"], st["t"].transpose(-1, -2))
     torch.testing.assert_close(st["mu"], mu)
@@ -113,7 +113,7 @@ def test_wiring_masks_are_sparse_buffers_and_masked_weights_get_no_gradient():
 def test_gradients_reach_every_gate_and_the_time_constants():
     layer = _layer(top_k=4)
     x = torch.randn(3, 8, 32)
-    out = layer(x, n_samples=2, generator=torch.Generator().manual_seed(0))
+    out = layer(x, samples=2, generator=torch.Generator().manual_seed(0))
     (out**2).mean().backward()
     for name, p in layer.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
@@ -170,18 +170,18 @@ def test_top_k_matches_a_masked_dense_reference(top_k):
     torch.testing.assert_close(picked, scores.topk(top_k, -1).values)
 
 
-@pytest.mark.parametrize(("n_samples", "top_k"), [(1, 4), (3, 4), (2, None)])
-def test_sampled_forward_and_hand_written_backward_match_plain_autograd(n_samples, top_k):
+@pytest.mark.parametrize(("samples", "top_k"), [(1, 4), (3, 4), (2, None)])
+def test_sampled_forward_and_hand_written_backward_match_plain_autograd(samples, top_k):
     """The whole layer (in-place gates, custom backward nodes, key-slot mixing) against the plain-autograd reference
     fed the same noise: outputs and every parameter's gradient."""
     layer = _layer(top_k=top_k)
     x = torch.randn(2, 9, 32)
-    out = layer(x, n_samples, torch.Generator().manual_seed(7))
+    out = layer(x, samples, torch.Generator().manual_seed(7))
     keys = layer.internals()["keys"]  # (B, H, n, K)
     b, h, n, k = keys.shape
-    eps = torch.empty(b, h, n_samples, k, n).normal_(generator=torch.Generator().manual_seed(7))  # the layer's draw
-    dense = torch.zeros(b, h, n_samples, n, n).scatter_(
-        -1, keys.unsqueeze(2).expand(b, h, n_samples, n, k), eps.transpose(-1, -2)
+    eps = torch.empty(b, h, samples, k, n).normal_(generator=torch.Generator().manual_seed(7))  # the layer's draw
+    dense = torch.zeros(b, h, samples, n, n).scatter_(
+        -1, keys.unsqueeze(2).expand(b, h, samples, n, k), eps.transpose(-1, -2)
     )  # noise of slot k of query i at (query i, key keys[.., i, k])
     reference = _reference_output(layer, x, k, dense)
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-4)
@@ -219,11 +219,11 @@ def test_pair_gates_backward_passes_gradcheck():
     torch.testing.assert_close(psi, F.softplus(z[2]) + 1e-4)
 
 
-@pytest.mark.parametrize("n_samples", [1, 3])
-def test_mix_keys_matches_the_gathered_sum_and_passes_gradcheck(n_samples):
+@pytest.mark.parametrize("samples", [1, 3])
+def test_mix_keys_matches_the_gathered_sum_and_passes_gradcheck(samples):
     g = torch.Generator().manual_seed(1)
     b, h, n_keys, n, width = 2, 2, 3, 4, 3
-    alpha = torch.rand(b, h, n_samples, n_keys, n, generator=g, dtype=torch.float64, requires_grad=True)
+    alpha = torch.rand(b, h, samples, n_keys, n, generator=g, dtype=torch.float64, requires_grad=True)
     values = torch.randn(width, b * n * h, generator=g, dtype=torch.float64, requires_grad=True)
     rows = torch.randint(0, b * n * h, (n_keys, b * h * n), generator=g)
     out = MixKeys.apply(alpha, values, rows)  # (F, B, H, S, n)
@@ -319,6 +319,19 @@ def test_controller_moments_internals_and_defaults():
     a, _ = model.moments(x, 3, torch.Generator().manual_seed(9))
     b, _ = model.moments(x, 3, torch.Generator().manual_seed(9))
     assert torch.equal(a, b)
+
+
+def test_default_sample_count_is_a_config_field_and_old_configs_load_with_32():
+    from agents.registry import config_from_dict, config_to_dict
+
+    model = _controller(n_samples=5)
+    assert model.default_samples == 5
+    assert model.moments(torch.randn(2, 6, 3), model.default_samples)[0].shape[0] == 5
+    old = config_to_dict(NSACConfig())
+    del old["n_samples"]  # a checkpoint saved while the count was a class attribute
+    assert config_from_dict("nsac", old).n_samples == 32
+    with pytest.raises(ValueError, match="n_samples"):
+        NSACConfig(n_samples=0)
 
 
 @pytest.mark.parametrize(("form", "pairs"), [("anchored", True), ("paper", False), ("anchored", False)])

@@ -35,7 +35,7 @@ class BrightnessSteer(nn.Module):
                 nn.init.constant_(m.weight, 0.01)
                 nn.init.zeros_(m.bias)
 
-    def predict(self, x: Tensor, n_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
+    def predict(self, x: Tensor, samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
         steer = self.encoder(x).sum((1, 2))[:, None]  # (B, 1)
         return Prediction(steer, torch.zeros_like(steer), torch.zeros_like(steer))
 

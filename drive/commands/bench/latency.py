@@ -67,7 +67,7 @@ def _observations(n: int) -> list[np.ndarray]:
     return frames
 
 
-def _step_fn(model, n_samples: int, deterministic: bool, coder):
+def _step_fn(model, samples: int, deterministic: bool, coder):
     import torch
 
     from agents.base import Controller, total_variance
@@ -81,15 +81,15 @@ def _step_fn(model, n_samples: int, deterministic: bool, coder):
         elif deterministic:
             model.moments(x, 1, generator)
         else:
-            total_variance(*model.moments(x, n_samples, generator))
+            total_variance(*model.moments(x, samples, generator))
 
     return step
 
 
-def time_steps(model, obs, n_samples: int, deterministic: bool, steps: int, warmup: int, coder) -> np.ndarray:
+def time_steps(model, obs, samples: int, deterministic: bool, steps: int, warmup: int, coder) -> np.ndarray:
     import torch
 
-    step = _step_fn(model, n_samples, deterministic, coder)
+    step = _step_fn(model, samples, deterministic, coder)
     times = np.empty(steps)
     with torch.inference_mode():
         for i in range(warmup):

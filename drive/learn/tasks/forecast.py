@@ -168,8 +168,8 @@ def levels(pred: Prediction, y: torch.Tensor, last: np.ndarray) -> tuple[Predict
 
 
 @torch.no_grad()
-def evaluate_forecast(model, test: Windows, part: fc.ForecastSplit, n_samples: int, seed: int) -> dict:
-    pred, y = levels(*predict_dataset(model, test, 512, n_samples or None, seed), test.last)  # (N, H) scaled
+def evaluate_forecast(model, test: Windows, part: fc.ForecastSplit, samples: int, seed: int) -> dict:
+    pred, y = levels(*predict_dataset(model, test, 512, samples or None, seed), test.last)  # (N, H) scaled
     naive = fc.naive_forecasts(part, part.test, history_start=part.test_rows[0])
     ts = part.target_scaler
     reports = {}

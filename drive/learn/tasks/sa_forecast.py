@@ -204,14 +204,14 @@ def _point(model, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def mc_dropout(model, x: torch.Tensor, n_samples: int, seed: int, batch: int = 4096) -> sa_study.Predictive:
+def mc_dropout(model, x: torch.Tensor, samples: int, seed: int, batch: int = 4096) -> sa_study.Predictive:
     """The trained weights with their residual dropout on: S masked passes (global RNG, seeded)."""
     torch.manual_seed(seed)
     model.train()
-    step = max(1, batch // n_samples)
+    step = max(1, batch // samples)
     try:
         parts = [
-            _point(model, x[i : i + step].repeat(n_samples, 1, 1)).view(n_samples, -1, model.out_dim)
+            _point(model, x[i : i + step].repeat(samples, 1, 1)).view(samples, -1, model.out_dim)
             for i in range(0, len(x), step)
         ]
     finally:
@@ -220,10 +220,10 @@ def mc_dropout(model, x: torch.Tensor, n_samples: int, seed: int, batch: int = 4
 
 
 @torch.no_grad()
-def gaussian_head(model, x: torch.Tensor, n_samples: int, seed: int) -> sa_study.Predictive:
+def gaussian_head(model, x: torch.Tensor, samples: int, seed: int) -> sa_study.Predictive:
     mu, var = (t[0] for t in model.moments(x, 1))  # (N, H) each
     g = torch.Generator().manual_seed(seed)
-    eps = torch.randn((n_samples, *mu.shape), generator=g)
+    eps = torch.randn((samples, *mu.shape), generator=g)
     return sa_study.Predictive(mu + var.sqrt() * eps, mu)
 
 
@@ -240,7 +240,7 @@ def evaluate_forecast(model, cal: Windows, test: Windows, opts: Options, horizon
         x_cal,
         y_cal,
         x_test,
-        n_samples=s,
+        samples=s,
         passes=opts.sa_passes,
         seed=seed,
         forward=_point,
@@ -300,7 +300,7 @@ def timesfm_row(opts: Options, cfg, horizon: int, x_cal, y_cal, x_test, y_test, 
         x_cal,
         y_cal,
         x_test[pick],
-        n_samples=opts.n_samples,
+        samples=opts.n_samples,
         passes=opts.sa_passes,
         seed=seed,
         forward=forward,

@@ -216,7 +216,7 @@ def evaluate_study(model, cal, test, opts: Options, seed: int) -> dict:
             x_cal,
             y_cal,
             x_test,
-            n_samples=opts.n_samples,
+            samples=opts.n_samples,
             passes=opts.sa_passes,
             seed=seed,
             compare=opts.sa_compare,

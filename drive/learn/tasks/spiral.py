@@ -155,13 +155,13 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
 
 @torch.no_grad()
 def evaluate_spiral(
-    model, features, clean, test_noisy, test_idx, recipe, n_samples: int, seed: int, ood_std: float
+    model, features, clean, test_noisy, test_idx, recipe, samples: int, seed: int, ood_std: float
 ) -> dict:
     model.eval()
     device = next(model.parameters()).device
     x = torch.from_numpy(features).to(device)
-    pred = model.predict(x, n_samples or None, torch.Generator(device).manual_seed(seed))  # (steps, 2) each
-    n_draws = n_samples or model.default_samples * -(-32 // model.default_samples)  # >= 32, whole ensembles
+    pred = model.predict(x, samples or None, torch.Generator(device).manual_seed(seed))  # (steps, 2) each
+    n_draws = samples or model.default_samples * -(-32 // model.default_samples)  # >= 32, whole ensembles
     mu, var = model.moments(x, n_draws, torch.Generator(device).manual_seed(seed + 1))
     eps = torch.randn(mu.shape, generator=torch.Generator(device).manual_seed(seed + 2), device=device)
     draws = (mu + var.sqrt() * eps).cpu()  # (S, steps, 2)
@@ -184,7 +184,7 @@ def evaluate_spiral(
     # OOD detection: the same grid with its input features perturbed by Gaussian noise (std ood_std per feature).
     g = torch.Generator(device).manual_seed(seed + 3)
     x_ood = x + ood_std * torch.randn(x.shape, generator=g, device=device)
-    pred_ood = model.predict(x_ood, n_samples or None, torch.Generator(device).manual_seed(seed))
+    pred_ood = model.predict(x_ood, samples or None, torch.Generator(device).manual_seed(seed))
     out["ood"] = {
         "input_noise_std": ood_std,
         "auroc_epistemic": metrics.auroc(pred.epistemic_var.sum(-1).cpu(), pred_ood.epistemic_var.sum(-1).cpu()),

@@ -168,8 +168,8 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
 
 
 @torch.no_grad()
-def evaluate_uci(model, test, part: uci.RegressionSplit, y_all_max: float, n_samples: int, seed: int) -> dict:
-    pred, y = predict_dataset(model, test, 1024, n_samples or None, seed)  # (N, 1) scaled units
+def evaluate_uci(model, test, part: uci.RegressionSplit, y_all_max: float, samples: int, seed: int) -> dict:
+    pred, y = predict_dataset(model, test, 1024, samples or None, seed)  # (N, 1) scaled units
     ys = part.y_scaler
     units = {"scaled": (0.0, 1.0), "original": (ys.offset, ys.scale)}
     if part.protocol == "nsac":  # the authors' y / max(y) of the whole set

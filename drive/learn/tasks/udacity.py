@@ -296,10 +296,10 @@ def _subset(pair, mask: np.ndarray):
 
 @torch.no_grad()
 def evaluate_udacity(
-    model, test: UdacityFrames, groups: np.ndarray | None, train_mean: float, n_samples: int, seed: int
+    model, test: UdacityFrames, groups: np.ndarray | None, train_mean: float, samples: int, seed: int
 ) -> dict:
     """The test report over all held-out frames, and one per group of test frames (`groups`: a key per frame)."""
-    pred, y = predict_dataset(model, test, 256, n_samples or None, seed, next(model.parameters()).device.type)
+    pred, y = predict_dataset(model, test, 256, samples or None, seed, next(model.parameters()).device.type)
     report = _report(pred, y, train_mean)
     if groups is not None:
         report["per_block"] = {

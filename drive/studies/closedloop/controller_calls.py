@@ -50,7 +50,7 @@ def _marked(frame: np.ndarray, a: int, b: int, c: int) -> np.ndarray:
 
 def call_costs(ckpt: str, k: int, samples: int, seed: int, calls: int = 30) -> dict[str, float]:
     """CPU ms per K-lane controller call: back_to_back, after_state_steps, after_pixel_steps (means of `calls`)."""
-    policy = controller_policy(ckpt, n_samples=samples, shadow=None)
+    policy = controller_policy(ckpt, samples=samples, shadow=None)
     lanes = lane_copies(policy, k)
     for i, lane in enumerate(lanes):
         lane.reset(seed=seed + i)

@@ -40,12 +40,14 @@ from datasets.root import portable
 from drive.loop.evaluate import evaluate_episodes
 from drive.loop.lanes import episodes_in
 from drive.loop.pool import run_tasks
+from drive.loop.specs import PolicySpec
 from drive.options import Workers
 from drive.studies.misbehaviour import records as records
 from drive.studies.misbehaviour import report as report
 from drive.studies.misbehaviour.monitors import MonitorFactory
-from drive.studies.misbehaviour.protocol import CONFIDENCE_LEVELS, FIELD, SCORINGS, TTMS, ProtocolConfig
+from drive.studies.misbehaviour.protocol import FIELD, LEVELS, SCORINGS, TTMS, ProtocolConfig
 from drive.studies.misbehaviour.report import NOMINAL
+from drive.studies.misbehaviour.rows import same_level
 
 
 @dataclass(frozen=True)
@@ -88,27 +90,25 @@ class RunSettings:
 
 def run_cell(cell: Cell, run: RunSettings) -> list[dict[str, Any]]:
     """The cell's episodes, one record per seed (seed order) with its per-step arrays."""
-    options: dict[str, Any] = {
-        "samples": run.samples,
-        "shadow": run.shadow,
-        "seed": run.seed,
-        "device": "cpu",
-        "fallback": cell.fallback,
-    }
-    if cell.fallback != "off":
-        options["fallback_threshold"] = cell.threshold
+    policy = PolicySpec(
+        "ckpt",
+        cell.controller,
+        env="carracing",
+        samples=run.samples,
+        seed=run.seed,
+        shadow=run.shadow,
+        fallback=cell.fallback,
+        threshold=cell.threshold if cell.fallback != "off" else None,
+    )
     settings = {
         "env": "carracing",
         "max_episode_steps": run.max_episode_steps,
         "failures": True,
-        "policy_options": tuple(sorted(options.items())),
         "perturb": "" if cell.condition == NOMINAL else cell.condition,
     }
     factory = MonitorFactory(cell.controller, run.selforacle, run.thirdeye)
     seeds = list(cell.seeds)
-    tasks = [
-        (f"ckpt:{cell.controller}", settings, tuple(seeds[i : i + run.envs])) for i in range(0, len(seeds), run.envs)
-    ]
+    tasks = [(policy, settings, tuple(seeds[i : i + run.envs])) for i in range(0, len(seeds), run.envs)]
     records: list[dict[str, Any]] = []
     run_tasks(
         evaluate_episodes,
@@ -203,7 +203,7 @@ class Plan:
     ttm: int = 2
     n_boot: int = 1000
     seed: int = 0
-    levels: tuple[float, ...] = CONFIDENCE_LEVELS
+    levels: tuple[float, ...] = LEVELS
     ttms: tuple[int, ...] = TTMS
     protocol: str = "alike"
     """alike (ours: protocol.ProtocolConfig()) or field (protocol.FIELD, the field's rules)"""
@@ -220,7 +220,8 @@ class Plan:
             )
         if self.gate_signal not in GATES:
             raise ValueError(f"Plan: gate_signal {self.gate_signal!r}, choose one of {sorted(GATES)}")
-        object.__setattr__(self, "levels", tuple(sorted({*self.levels, self.level})))
+        levels = {v for v in self.levels if not same_level(v, self.level)}  # the asked level stands for its equal
+        object.__setattr__(self, "levels", tuple(sorted({*levels, self.level})))
         object.__setattr__(self, "ttms", tuple(sorted({*self.ttms, self.ttm})))
 
     @property
@@ -263,8 +264,9 @@ def _predicted(plan: Plan, cells: dict[str, Any], families: dict[str, tuple[str,
             plan.ttms,
             plan.n_boot,
             plan.seed,
-            (plan.level, plan.ttm),
-            families,
+            level=plan.level,
+            ttm=plan.ttm,
+            families=families,
         ),
         "episodes": {c: _summary(v) for c, v in cells.items()},
     }

@@ -54,11 +54,11 @@ def code_stacks(raw: np.ndarray, coder: ObservationCoder, steps: np.ndarray) -> 
 
 @torch.inference_mode()
 def uncertainty_scores(
-    model: torch.nn.Module, x: torch.Tensor, n_samples: int | None = None, seed: int = 0, batch_size: int = 256
+    model: torch.nn.Module, x: torch.Tensor, samples: int | None = None, seed: int = 0, batch_size: int = 256
 ) -> dict[str, np.ndarray]:
     """{f'{kind}_{steer|all}': (N,)} for inputs x (N, ...): the predictive variances as OOD scores."""
     generator = torch.Generator().manual_seed(seed)
-    parts = [model.predict(x[s : s + batch_size], n_samples, generator) for s in range(0, len(x), batch_size)]
+    parts = [model.predict(x[s : s + batch_size], samples, generator) for s in range(0, len(x), batch_size)]
     ale = torch.cat([p.aleatoric_var for p in parts]).double()  # (N, D)
     epi = torch.cat([p.epistemic_var for p in parts]).double()
     scale2 = model.y_scale.double() ** 2  # (D,) the training targets' variance

@@ -143,7 +143,7 @@ def test_collect_train_eval_replay(demos, tmp_path):
     np.testing.assert_allclose(ckpt["state_dict"]["y_loc"].numpy(), labels.mean(0), rtol=1e-4, atol=1e-5)
 
     # the closed-loop policy feeds the controller exactly what training fed it: the recorded stack, coded once
-    policy = load_controller_policy(run / "best.pt", n_samples=4, shadow=None, env="fake-road")
+    policy = load_controller_policy(run / "best.pt", samples=4, shadow=None, env="fake-road")
     assert policy.coder.coding == "full"
     episode = Demonstrations(demos).load(train_seeds[0])
     policy.reset(seed=0)

@@ -273,3 +273,16 @@ def test_resume_refuses_other_settings_and_records_accepted_changes(tmp_path, ca
     err = capsys.readouterr().err
     assert "resume.pt: not a readable drive checkpoint: corrupt" in err and err.count("\n") == 1
     assert (run / "best.pt").read_bytes() == best and resume.read_bytes() == bytes(data)
+
+
+def test_a_resume_does_not_count_a_config_field_added_since_as_a_change():
+    """A run stored before NSAC's sample count became a config field resumes: the new field at its default is what
+    that run used."""
+    from agents.nsac import NSACConfig
+    from drive.learn.experiment import _stored_config
+
+    now = config_to_dict(NSACConfig())
+    then = {k: v for k, v in now.items() if k != "n_samples"}
+    assert _stored_config("nsac", then) == now
+    assert _stored_config("nsac", {**then, "n_samples": 8})["n_samples"] == 8
+    assert _stored_config("no-such", then) == then

@@ -51,13 +51,13 @@ def test_a_file_written_before_the_temperature_existed_loads_with_t_one(tmp_path
 def test_calibrate_fits_coverage_on_the_nominal_laps_and_refitting_does_not_compound(tmp_path):
     _, _, path = _nsac(tmp_path)
     env = {"name": "fake-road", "max_episode_steps": 60}
-    first = store_temperature(path, [3, 4], "pursuit", 0.9, n_samples=4, env_kwargs=env, rule="pooled")
+    first = store_temperature(path, [3, 4], "pursuit", 0.9, samples=4, env_kwargs=env, rule="pooled")
     assert first["n_steps"] == 120 and first["coverage90_steer_after"] >= 0.9
     loaded, payload = checkpoint.load_controller(path)
     assert torch.allclose(loaded.aleatoric_temperature, torch.tensor(first["temperature"]))
     assert payload["extra"]["calibration"]["seeds"] == [3, 4]
     # refitting starts from T = 1: the same laps give the same T, not T squared
-    again = store_temperature(path, [3, 4], "pursuit", 0.9, n_samples=4, env_kwargs=env, rule="pooled")
+    again = store_temperature(path, [3, 4], "pursuit", 0.9, samples=4, env_kwargs=env, rule="pooled")
     assert again["temperature"] == pytest.approx(first["temperature"])
     # the calibrated file drives the same laps identically, its steering intervals cover the expert as fitted
     policy = controller_policy(path, 4, 0, shadow="pursuit", env="fake-road")

@@ -93,20 +93,20 @@ class _Uncertain(Controller):
         super().__init__(out_dim=3)
         self.spread = 0.0
 
-    def _moments(self, x, n_samples, generator):
+    def _moments(self, x, samples, generator):
         b = x.shape[0]
-        signs = torch.tensor([1.0, -1.0]).repeat(n_samples // 2)[:, None, None]  # (S, 1, 1)
-        mu = torch.zeros(n_samples, b, 3)
+        signs = torch.tensor([1.0, -1.0]).repeat(samples // 2)[:, None, None]  # (S, 1, 1)
+        mu = torch.zeros(samples, b, 3)
         mu[..., 0:1] = signs * self.spread
         mu[..., 1] = 0.3
-        return mu, torch.full((n_samples, b, 3), 0.01)
+        return mu, torch.full((samples, b, 3), 0.01)
 
 
 def test_fallback_in_the_closed_loop_hands_control_to_the_shadow_expert():
     model = _Uncertain()
     expert = FakeRoadDriver()
     gate = FallbackGate(0.01, FallbackConfig(mode="expert", engage_steps=1, min_hold_steps=1, release_steps=1))
-    policy = ControllerPolicy(model, ObservationCoder("full", "frames", 4), n_samples=8, shadow=expert, gate=gate)
+    policy = ControllerPolicy(model, ObservationCoder("full", "frames", 4), samples=8, shadow=expert, gate=gate)
     env = make_env("fake-road", max_episode_steps=40)
     seen = []
 
@@ -150,16 +150,16 @@ def test_threshold_comes_from_the_argument_the_checkpoint_or_nominal_laps(tmp_pa
     # a stored value for another quantile does not apply: calibrate on nominal laps instead
     with pytest.raises(ValueError, match="no fallback threshold stored"):
         resolve_threshold(stored, FallbackConfig(quantile=0.9), env_kwargs=env)
-    value, origin = resolve_threshold(plain, FallbackConfig(quantile=0.9), calibrate_seeds=[3], n_samples=8,
+    value, origin = resolve_threshold(plain, FallbackConfig(quantile=0.9), calibrate_seeds=[3], samples=8,
                                       env_kwargs=env)  # fmt: skip
     assert value >= 0 and "calibrated on seeds [3] (30 nominal steps)" in origin
     # stored in the checkpoint, it is found again without driving; the weights are untouched
     from drive.loop.thresholds import store_threshold
 
     before = checkpoint.read(plain)["state_dict"]
-    stored_value = store_threshold(plain, FallbackConfig(quantile=0.9), [3], n_samples=8, env_kwargs=env)
+    stored_value = store_threshold(plain, FallbackConfig(quantile=0.9), [3], samples=8, env_kwargs=env)
     assert stored_value == pytest.approx(value)
-    again, origin = resolve_threshold(plain, FallbackConfig(quantile=0.9), n_samples=8, env_kwargs=env)
+    again, origin = resolve_threshold(plain, FallbackConfig(quantile=0.9), samples=8, env_kwargs=env)
     assert again == pytest.approx(value) and "checkpoint" in origin
     after = checkpoint.read(plain)["state_dict"]
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -233,5 +233,5 @@ def test_a_threshold_that_separates_nothing_is_not_stored(tmp_path, monkeypatch)
                                     "100 nominal steps is 0 (99 scored 0)")):  # fmt: skip
         monkeypatch.setattr(thresholds, "nominal_scores", lambda *args, s=scores: s)
         with pytest.raises(UserError, match=re.escape(says)):
-            thresholds.store_threshold(path, FallbackConfig(quantile=quantile), [3], n_samples=8, env_kwargs=env)
+            thresholds.store_threshold(path, FallbackConfig(quantile=quantile), [3], samples=8, env_kwargs=env)
     assert path.read_bytes() == before

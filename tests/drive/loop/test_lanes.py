@@ -70,8 +70,8 @@ def test_a_lane_predicts_the_same_in_any_batch(name):
     """Nine lanes in one call vs each alone (padded to MIN_ROWS): bit-equal predictions and internals, two steps."""
     model = _controller(name)
     assert model.lane_sampling, f"{name} drives in closed loop: its sampling must be lane-aware"
-    lanes = lane_copies(ControllerPolicy(model, ObservationCoder(), n_samples=8, seed=3), 9)
-    solo = lane_copies(ControllerPolicy(model, ObservationCoder(), n_samples=8, seed=3), 9)
+    lanes = lane_copies(ControllerPolicy(model, ObservationCoder(), samples=8, seed=3), 9)
+    solo = lane_copies(ControllerPolicy(model, ObservationCoder(), samples=8, seed=3), 9)
     rng = np.random.default_rng(0)
     for policy_set in (lanes, solo):
         for seed, p in enumerate(policy_set):

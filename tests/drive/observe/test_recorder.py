@@ -53,7 +53,7 @@ class ExpertDrives:
 
 
 def _record(ckpt, out_dir, env_name="fake-road", steps=25, seed=5, plots=True):
-    policy = ExpertDrives(load_controller_policy(ckpt, n_samples=8, shadow="pursuit", env=env_name))
+    policy = ExpertDrives(load_controller_policy(ckpt, samples=8, shadow="pursuit", env=env_name))
     env = make_env(env_name, max_episode_steps=steps)
     recorder = TraceRecorder(out_dir, env=env, policy_name="test", plots=plots)
     seen = []

@@ -35,7 +35,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trace(ckpt, tmp_path_factory):
-    policy = load_controller_policy(ckpt, n_samples=4, shadow="pursuit", env="fake-road")
+    policy = load_controller_policy(ckpt, samples=4, shadow="pursuit", env="fake-road")
     env = make_env("fake-road", max_episode_steps=STEPS)
     recorder = TraceRecorder(tmp_path_factory.mktemp("trace"), env=env, plots=False)
     rollout(env, policy, seeds=[2], on_step=recorder)
