@@ -45,7 +45,7 @@ def total_variance(mu: Tensor, var: Tensor) -> Prediction:
     """Law of total variance over the sample axis of (S, B, D) moments.
 
     The means reduce a contiguous last axis: a row's result then does not depend on the batch size (a mean over
-    axis 0 vectorises across the B*D columns and sums in another order for another B; agents/lanes.py)."""
+    axis 0 vectorises across the B*D columns and sums in another order for another B; agents/lane_noise.py)."""
     samples = mu.movedim(0, -1).contiguous()  # (B, D, S)
     mean = samples.mean(-1)  # (B, D)
     epistemic = samples.var(-1, unbiased=False) if mu.shape[0] > 1 else torch.zeros_like(mean)
@@ -62,8 +62,8 @@ class Controller(nn.Module):
 
     #: default number of stochastic samples for `predict` (1 for deterministic methods)
     default_samples: int = 1
-    #: whether `predict` on a batch of closed-loop lanes, given `agents.lanes.LaneGenerators`, gives each row what a
-    #: batch of one gives (every random draw goes through `lane_noise`); else lanes run one call each
+    #: whether `predict` on a batch of closed-loop lanes, given `agents.lane_noise.LaneGenerators`, gives each row
+    #: what a batch of one gives (every random draw goes through `lane_noise`); else lanes run one call each
     lane_sampling: ClassVar[bool] = False
     #: for tracing `internals()`: the batch axis of each tensor (default 0), the axis holding the attention heads once
     #: the batch axis is dropped (names absent are not per head), and the tensors that are indices, not values

@@ -27,7 +27,7 @@ from numba import njit
 from torch import Tensor, nn
 
 from agents.checks import at_least, one_of
-from agents.lanes import MIN_ROWS
+from agents.lane_noise import MIN_ROWS
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class FrameTokens(nn.Module):
     k - 1 frames are, byte for byte, the last k - 1 of the previous call's same row (a car's next step) takes their
     tokens from that call and encodes only its newest frame. Other rows (a car's first step, a batch of another
     shape) go through a memo keyed by the frame's bytes, which holds the FRAME_MEMO frames used last. Used only
-    without autograd on uint8 input; the new frames are encoded in one batch of at least `agents.lanes.MIN_ROWS`
+    without autograd on uint8 input; the new frames are encoded in one batch of at least `agents.lane_noise.MIN_ROWS`
     rows, so every token equals the one the full stack computes (tests/drive/loop/test_lanes.py). Cuts the
     encoder's cost per step about k-fold; the slide, not the bytes keys, so that 32 cars do not hash 128 frames of
     7 KB per step.

@@ -58,7 +58,7 @@ class Member(nn.Module):
 
 
 class DeepEnsemble(Controller):
-    lane_sampling = True  # agents/lanes.py
+    lane_sampling = True  # agents/lane_noise.py
 
     def __init__(self, cfg: EnsembleConfig):
         super().__init__(cfg.out_dim)

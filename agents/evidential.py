@@ -90,7 +90,7 @@ def sample_gamma(alpha: Tensor, generator: torch.Generator | None = None, max_ro
 
 
 class DeepEvidential(Controller):
-    lane_sampling = True  # agents/lanes.py
+    lane_sampling = True  # agents/lane_noise.py
     default_samples = 1  # `predict` is closed form; samples only serve the `moments` interface
 
     def __init__(self, cfg: EvidentialConfig):

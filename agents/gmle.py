@@ -43,7 +43,7 @@ class GMLEConfig:
 
 
 class GMLE(Controller):
-    lane_sampling = True  # agents/lanes.py
+    lane_sampling = True  # agents/lane_noise.py
     default_samples = 1
 
     def __init__(self, cfg: GMLEConfig):

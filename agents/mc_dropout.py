@@ -52,7 +52,7 @@ class MCDropoutConfig:
 
 
 class MCDropout(Controller):
-    lane_sampling = True  # agents/lanes.py
+    lane_sampling = True  # agents/lane_noise.py
     sa_refusal = "MC dropout draws a dropout mask in every pass (its noise would be counted as SA dispersion)"
 
     def __init__(self, cfg: MCDropoutConfig):

@@ -173,7 +173,7 @@ class NSACConfig:
 
 
 class NSAC(Controller):
-    lane_sampling = True  # agents/lanes.py
+    lane_sampling = True  # agents/lane_noise.py
     internal_batch_axes: ClassVar[dict[str, int]] = {"attention": 1}
     internal_head_axes: ClassVar[dict[str, int]] = {
         "kappa": 0,

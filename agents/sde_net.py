@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from agents.base import Controller, gaussian_nll
 from agents.checks import at_least, heads_divide, positive
 from agents.encoders import EncoderConfig
-from agents.lanes import lane_noise
+from agents.lane_noise import lane_noise
 from agents.layers.attention import AttentionBackbone, GaussianHead
 
 
@@ -70,7 +70,7 @@ class SDENetConfig:
 
 
 class SDENet(Controller):
-    lane_sampling = True  # agents/lanes.py
+    lane_sampling = True  # agents/lane_noise.py
     sa_refusal = (
         "SDE-Net integrates a stochastic differential equation in every pass "
         "(its noise would be counted as SA dispersion)"

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from agents.encoders import EncoderConfig, build_encoder
-from agents.lanes import LaneGenerators, lane_noise
+from agents.lane_noise import LaneGenerators, lane_noise
 
 
 def dropout(x: Tensor, p: float, generator: torch.Generator | None = None) -> Tensor:

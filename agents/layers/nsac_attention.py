@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from ncps.wirings import NCP, AutoNCP
 from torch import Tensor, nn
 
-from agents.lanes import lane_noise
+from agents.lane_noise import lane_noise
 from agents.layers.nsac_kernels import MixKeys, PairGates, top_k_indices
 
 

@@ -1,6 +1,6 @@
 """Lanes in closed loop: one controller call for the K cars a process drives (drive/loop/rollout.py `run_lanes`).
 
-- `predict_lanes`: the lanes' frames coded, stacked and padded to `agents.lanes.MIN_ROWS` rows, one `predict` with
+- `predict_lanes`: the lanes' frames coded, stacked and padded to `agents.lane_noise.MIN_ROWS` rows, one `predict` with
   one generator per lane (`LaneGenerators`), per lane its prediction, internals (taken from the batch only when
   read) and the call's latency. A lane's prediction is the one it gets alone, bit for bit
   (tests/drive/loop/test_lanes.py), so records do not depend on K.
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.lanes import MIN_ROWS, LaneGenerators
+from agents.lane_noise import MIN_ROWS, LaneGenerators
 from datasets.frames import FRAME_SIZE
 from drive.devices import to_device, to_host
 from drive.loop.rollout import Internals, StepPrediction
@@ -73,7 +73,7 @@ def predict_lanes(
     """One controller call for the lanes' raw (96, 96, 3) frames (one lane per policy, all sharing one model and
     sample count): per lane its prediction, internals and the call's latency in ms (what each car waited).
 
-    The batch is padded to `MIN_ROWS` and each lane samples from its own generator (agents/lanes.py), so a lane's
+    The batch is padded to `MIN_ROWS` and each lane samples from its own generator (agents/lane_noise.py), so a lane's
     prediction is the same whichever lanes share the call: one car and sixteen drive the same episode.
     """
     model, samples = lanes[0].model, lanes[0].samples

@@ -1,4 +1,5 @@
-"""Lanes: K cars in one process give each episode the record it gets alone (agents/lanes.py, rollout `run_lanes`)."""
+"""Lanes: K cars in one process give each episode the record it gets alone (agents/lane_noise.py, rollout
+`run_lanes`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from agents.encoders import EncoderConfig
-from agents.lanes import MIN_ROWS, LaneGenerators, lane_noise
+from agents.lane_noise import MIN_ROWS, LaneGenerators, lane_noise
 from agents.registry import CONTROLLERS
 from datasets.frames import ObservationCoder
 from drive.loop.envs import make_env
