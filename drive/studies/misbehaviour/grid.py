@@ -274,7 +274,7 @@ def _predicted(plan: Plan, cells: dict[str, Any], families: dict[str, tuple[str,
 
 def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) -> dict[str, Any]:
     """Every cell (run if missing, unless `run_missing` is False: then only the finished ones count), each
-    controller's records (DIR/records/, misbehaviour_records.py), then the tables of
+    controller's records (DIR/records/, records.py), then the tables of
     drive/studies/misbehaviour/report.py; returns results.json's dict."""
     cfg = plan.protocol_config
     monitors = records.load_monitors(plan.monitors)
@@ -337,7 +337,7 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
 
 
 def score_records(folder: Path, plan: Plan) -> dict[str, Any]:
-    """results.json's dict from a run's records (misbehaviour_records.py) instead of its cells: the prediction tables
+    """results.json's dict from a run's records (records.py) instead of its cells: the prediction tables
     of every controller there, scored by `plan`'s protocol, levels, TTMs and monitors; no prevention (it needs
     driving). The controllers, conditions and seeds are the records'."""
     monitors = records.load_monitors(plan.monitors)

@@ -10,7 +10,7 @@ finished ungated cells. Prevention cells are not records: the fallback changed w
     condition     str      `nominal` or the shift spec (drive/perturb/registry.py grammar)
     family        str      the shift family: nominal, blur, fog, ..., user:module:function
     group         str      nominal; held_out (a family no method trained on: the headline); surrogate (a family NSAC's
-                           training surrogate draws from: noise, brightness) (misbehaviour_report.py `groups`)
+                           training surrogate draws from: noise, brightness) (report.py `groups`)
     seed          int64    the episode's track seed
     step          int64    the step index 0..T-1 (50 steps per second of simulated time)
     nominal       bool     condition == nominal: the false-positive windows and the thresholds come from these
@@ -26,7 +26,7 @@ finished ungated cells. Prevention cells are not records: the fallback changed w
 File metadata (key b"drive"): JSON {"format": 1, "controller", "position" (its place in the run's --ckpt list),
 "monitors"}. Rows come in the order the report scores them: nominal first, the shifts in command order, episodes by
 seed, steps ascending. `--from-records DIR` (DIR or DIR/records) scores every *.parquet there through the same
-`misbehaviour_report.prediction` as a run (the same rows), without driving; prevention needs driving and is skipped.
+`report.prediction` as a run (the same rows), without driving; prevention needs driving and is skipped.
 A file made by hand needs only condition, seed, step, busy and onset and one floating-point column: controller
 defaults to the file name, family and group to what the condition's spec names, every floating-point column that is
 not a label is a monitor.
@@ -143,7 +143,7 @@ def monitor_scores(monitor: UserMonitor, scores: Mapping[str, np.ndarray], n: in
 
 
 def with_monitors(cells: Mapping[str, Mapping[str, Any]], monitors: Sequence[UserMonitor]) -> Mapping[str, Any]:
-    """`cells` ({condition: cell}), each episode's `scores` (misbehaviour_report.scores_of) extended in place by the
+    """`cells` ({condition: cell}), each episode's `scores` (report.scores_of) extended in place by the
     user monitors' (replacing a recorded column of the same name)."""
     for cell in cells.values() if monitors else ():
         for ep in cell["episodes"]:
@@ -247,7 +247,7 @@ class _Rows(NamedTuple):
 
 def read_records(folder: Path) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[str, bool]]]:
     """({controller: {condition: {"episodes": [...]}}} (nominal first), {condition: (family, surrogate)}): each
-    episode {"seed", "events", "busy", "scores"}, the shape misbehaviour_report.prediction scores."""
+    episode {"seed", "events", "busy", "scores"}, the shape report.prediction scores."""
     episodes: dict[tuple[str, str, int], list[_Rows]] = {}
     families: dict[str, tuple[str, bool]] = {}
     for path in record_files(folder):
