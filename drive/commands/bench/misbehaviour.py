@@ -13,7 +13,7 @@ unscored, thresholds fitted on one half of the nominal runs and counted on the o
 field's own rules, and the default run shows their F3 and AUROC beside ours), held-out families apart from NSAC's
 surrogate families. Writes DIR/cells/ (one file
 per finished cell: a rerun resumes), DIR/results.json, DIR/results.md and DIR/seeds.png (checkpoints that differ only
-in a seed<N> folder: one controller over training seeds, mean ± t-interval) or DIR/f3.png. `--ray` runs the episodes
+in a seed<N> folder: one controller over training seeds, mean [interval]) or DIR/f3.png. `--ray` runs the episodes
 on a Ray cluster; the run's CPU time is in results.json. `--report-only` rebuilds the report from the finished cells.
 Every run writes DIR/records/<controller>.parquet (one row per step: labels and every monitor's score;
 drive/studies/misbehaviour/records.py); `--from-records DIR` scores such records without driving (no prevention),

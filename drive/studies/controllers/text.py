@@ -1,5 +1,6 @@
-"""The report of `drive bench controllers`: results.md (one table per stage, mean ± 95 % interval over training seeds,
-* where Welch's test separates a row from the reference row) and returns.png (closed-loop return per condition)."""
+"""The report of `drive bench controllers`: results.md (one table per stage, mean [95 % bootstrap interval] over
+training seeds, * where Welch's test against the reference row survives Holm's correction over that table's
+comparisons) and returns.png (closed-loop return per condition)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,31 @@ from typing import Any
 
 from datasets.files import atomic_write
 from drive.studies.controllers.grid import CLEAN, LOOP_METRICS, OFFLINE_METRICS, SHIFT_METRICS
-from drive.studies.over_seeds import cell_text
+from drive.studies.over_seeds import cell_text, holm_marks, holm_note
 
 
 def _table(results: dict[str, Any], metrics: list[tuple[str, str]]) -> list[str]:
+    """The rows x `metrics` table, then its note: Welch's p against the reference row of every cell that has one
+    (results.json's `p_vs_reference`, uncorrected) Holm-corrected as one family, `*` on the cells that survive."""
+    tested = [
+        (row, key, label)
+        for row, values in results["rows"].items()
+        for key, label in metrics
+        if "p_vs_reference" in values.get(key, {})
+    ]
+    adjusted, marks = holm_marks([results["rows"][row][key]["p_vs_reference"] for row, key, _ in tested])
+    starred = {(row, key): mark for (row, key, _), mark in zip(tested, marks, strict=True)}
     lines = ["| row | n | " + " | ".join(label for _, label in metrics) + " |", "|---|---|" + "---|" * len(metrics)]
     for row, values in results["rows"].items():
         n = max((values[key]["n"] for key, _ in metrics if key in values), default=0)
-        lines.append(f"| {row} | {n} | " + " | ".join(cell_text(values.get(key)) for key, _ in metrics) + " |")
-    return lines
+        cells = [
+            cell_text(values[key] | {"significant": starred.get((row, key), False)} if key in values else None)
+            for key, _ in metrics
+        ]
+        lines.append(f"| {row} | {n} | " + " | ".join(cells) + " |")
+    survivors = [f"{row} {label}" for (row, _, label), mark in zip(tested, marks, strict=True) if mark]
+    m = sum(q is not None for q in adjusted)
+    return [*lines, "", holm_note(m, survivors, f"comparisons with `{results['reference']}`")]
 
 
 def headline(results: dict[str, Any]) -> list[str]:
@@ -39,14 +56,16 @@ def headline(results: dict[str, Any]) -> list[str]:
 def markdown(results: dict[str, Any], command: str) -> str:
     ref, fam = results["reference"], results["ood"]
     out = [
-        "# Controllers at one budget: mean ± 95 % interval over training seeds",
+        "# Controllers at one budget: mean [95 % interval] over training seeds",
         "",
         f"`{command}`",
         "",
-        f"Each figure: the mean over training seeds {results['seeds']} ± the half-width of a 95 % Student-t interval; "
-        f"`*`: Welch's t-test against the reference row `{ref}` gives p < {results['alpha']} (the p-values are in "
-        "results.json). No `*` means the difference is not shown to be real at this number of seeds. Closed loop on "
-        f"the unseen tracks {results['eval_seeds']}.",
+        f"Each figure: the mean over training seeds {results['seeds']} [a 95 % percentile bootstrap interval of "
+        "that mean over the seeds, within the metric's range; n, the seeds, beside it: with 3 seeds it is narrow "
+        f"and optimistic]. `*`: Welch's t-test against the reference row `{ref}`, Holm-corrected over the "
+        f"comparisons of its table, gives p < {results['alpha']} (the uncorrected p-values are in results.json; "
+        "each table's note counts its comparisons and names the survivors). No `*` means the difference is not "
+        f"shown to be real at this number of seeds. Closed loop on the unseen tracks {results['eval_seeds']}.",
         "",
         "## Headline",
         "",
@@ -104,14 +123,17 @@ def plot_returns(results: dict[str, Any], path: Path) -> Path:
     for j, cond in enumerate(conditions):
         entries = [results["rows"][r].get(f"{cond} return") for r in rows]
         means = [e["mean"] if e and e["mean"] is not None else 0.0 for e in entries]
-        errs = [e["half_width"] if e and e["half_width"] is not None else 0.0 for e in entries]
+        errs = [
+            [m - e["low"] if e and e.get("low") is not None else 0.0 for e, m in zip(entries, means, strict=True)],
+            [e["high"] - m if e and e.get("high") is not None else 0.0 for e, m in zip(entries, means, strict=True)],
+        ]
         xs = [i + (j - (len(conditions) - 1) / 2) * width for i in range(len(rows))]
         ax.bar(xs, means, width, yerr=errs, capsize=2, label=cond, error_kw={"elinewidth": 0.8, "alpha": 0.6})
         for i, (x, e) in enumerate(zip(xs, entries, strict=True)):  # each seed's value: one bad seed shows as one
             seeds = (e or {}).get("values") or []
             ax.scatter([x] * len(seeds), seeds, s=9, color="black", zorder=3, label="seed" if i == j == 0 else None)
     ax.set_xticks(range(len(rows)), rows)
-    ax.set_ylabel("closed-loop return\n(bar: mean, 95 % CI; dots: seeds)")
+    ax.set_ylabel("closed-loop return\n(bar: mean, 95 % bootstrap CI; dots: seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

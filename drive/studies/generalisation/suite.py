@@ -15,9 +15,10 @@ gate, the share of the episodes whose ungated run left the road that the gated r
 (`failures_prevented`) and the share of steps handed over; the epistemic signal: the mean epistemic variance of the
 steering per episode, its ratio to the clean runs' and the AUROC of that per-episode mean separating the variant's
 episodes from the clean ones (does the controller know it is lost under Noise, and not under Bar?). Checkpoints whose
-paths differ only in a `seed<N>` part are one controller over training seeds: its mean return with a 95 % Student-t
-interval over the seeds. The published rows (their env CarRacing-v0, agents learned by RL or evolution from pixels;
-ours v3, cloned from an expert) stand beside ours, labelled.
+paths differ only in a `seed<N>` part are one controller over training seeds: its mean return with a 95 % percentile
+bootstrap interval over the seeds (drive/studies/over_seeds.py; returns are unbounded). The published rows
+(their env CarRacing-v0, agents learned by RL or evolution from pixels; ours v3, cloned from an expert) stand beside
+ours, labelled.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 from datasets.files import atomic_write
 from drive import metrics
 from drive.options import Workers
-from drive.studies.over_seeds import cell_text, interval
+from drive.studies.over_seeds import UNBOUNDED, cell_text, interval
 
 CLEAN = "clean"
 VARIANTS = ("clean", "carracing:color", "carracing:color3", "carracing:bar", "carracing:blob", "carracing:noise")
@@ -173,7 +174,7 @@ def over_seeds(grid: Mapping[str, Mapping[str, Any]], suite: Suite) -> dict[str,
         groups.setdefault(SEED_PART.sub("seed*", controller), []).append(controller)
     return {
         name: {
-            v: {g: interval([grid[c][v][g]["mean_return"] for c in members]) for g in ("off", *suite.gates)}
+            v: {g: interval([grid[c][v][g]["mean_return"] for c in members], UNBOUNDED) for g in ("off", *suite.gates)}
             for v in suite.variants
         }
         for name, members in groups.items()
@@ -263,7 +264,7 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         lines.append(_row(_name(controller), cells))
     seeded = {k: v for k, v in results["over_seeds"].items() if "seed*" in k}
     if seeded:
-        lines += ["", "## Over training seeds: mean return ± 95 % interval (Student-t)", "", *head]
+        lines += ["", "## Over training seeds: mean return [95 % bootstrap interval over the seeds]", "", *head]
         for name, by in seeded.items():
             lines += [_row(_label(name, g), [cell_text(by[v][g]) for v in variants]) for g in runs]
     return lines

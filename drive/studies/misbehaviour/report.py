@@ -19,10 +19,13 @@ Every figure carries a 95 % bootstrap interval over episodes.
 
 Over training seeds (`over_seeds`): checkpoints whose paths differ only in a `seed<N>` part are one controller trained
 on several seeds. Per such group and monitor, the headline figures (held-out families, the plan's level and TTM) and
-the prevention figures (held-out conditions pooled) of each seed become a mean with a 95 % Student-t interval over the
-seeds (drive/studies/over_seeds.py), and Welch's test against the first group's same figure marks the differences
-shown to be real (p < 0.05). The bootstrap intervals above are over episodes of one trained model; these are over
-the training seeds, the variation a user retraining the controller meets.
+the prevention figures (held-out conditions pooled) of each seed become a mean with a 95 % percentile bootstrap
+interval over the seeds, inside the metric's range (drive/studies/over_seeds.py). Welch's test compares every pair of
+groups (`p_vs`); the comparisons with the first group are Holm-corrected as two families, the ones its tables show
+(every monitor's recall, FPR, F3 and AUROC of every other group; every prevention figure of every other group), and
+only those whose corrected p (`p_holm`) stays below 0.05 are marked significant. The bootstrap intervals above are
+over episodes of one trained model; these are over the training seeds, the variation a user retraining the
+controller meets.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from drive import metrics
 from drive.loop.failures import SIGNALS
 from drive.studies.misbehaviour import nulls, protocol
 from drive.studies.misbehaviour.rows import pick, rows_of
-from drive.studies.over_seeds import interval, welch
+from drive.studies.over_seeds import ALPHA, bounds_of, holm_marks, interval, welch
 
 NOMINAL = "nominal"  # the clean-camera condition of every controller
 TILE_M = 21 / 6.0  # gymnasium car_racing.py TRACK_DETAIL_STEP: one road tile, in metres
@@ -297,8 +300,8 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             "checkpoints": members,
             "not_run": [c for c in every if c not in members],
             "misbehaviours": misbehaviours,
-            "monitors": {m: {k: interval(v) for k, v in by.items()} for m, by in values.items()},
-            "prevention": {k: interval(v) for k, v in prevention.items()},
+            "monitors": {m: {k: interval(v, bounds_of(k)) for k, v in by.items()} for m, by in values.items()},
+            "prevention": {k: interval(v, bounds_of(k)) for k, v in prevention.items()},
         }
     for name, entry in out.items():  # Welch's p against every other group; the first group is the marked reference
         figures = [(("monitors", m), by) for m, by in entry["monitors"].items()] + [
@@ -308,11 +311,18 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             for metric, stat in by.items():
                 others = {g: figure_at(e, where).get(metric) for g, e in out.items() if g != name}
                 stat["p_vs"] = {g: welch(stat["values"], o["values"]) for g, o in others.items() if o}
-        if name != next(iter(out)):
-            for _, by in figures:
-                for stat in by.values():
-                    p = stat["p_vs"].get(next(iter(out)))
-                    stat.update(p=p, significant=p is not None and p < 0.05)
+    reference = next(iter(out), None)
+    for family in ("monitors", "prevention"):  # the two tables' families of comparisons with the reference
+        stats = [
+            stat
+            for name, entry in out.items()
+            if name != reference
+            for by in (entry["monitors"].values() if family == "monitors" else [entry["prevention"]])
+            for stat in by.values()
+        ]
+        adjusted, marks = holm_marks([stat["p_vs"].get(reference) for stat in stats], ALPHA)
+        for stat, q, mark in zip(stats, adjusted, marks, strict=True):
+            stat.update(p=stat["p_vs"].get(reference), p_holm=q, significant=mark)
     return out
 
 

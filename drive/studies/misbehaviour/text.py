@@ -15,7 +15,7 @@ from datasets.files import atomic_write
 from datasets.root import portable
 from drive.studies.misbehaviour.report import figure_at
 from drive.studies.misbehaviour.rows import Row, pick, rows_of
-from drive.studies.over_seeds import cell_text
+from drive.studies.over_seeds import cell_text, holm_marks, holm_note
 
 
 def _ci(v: dict[str, float], fmt: str = ".2f") -> str:
@@ -142,8 +142,9 @@ def prevention_table(results: dict[str, Any]) -> list[str]:
 
 
 def seeds_table(results: dict[str, Any]) -> list[str]:
-    """Prediction (held-out families, the plan's level and TTM) and prevention as mean ± 95 % t-interval over the
-    training seeds of each controller trained on several (drive/studies/misbehaviour/report.py `over_seeds`)."""
+    """Prediction (held-out families, the plan's level and TTM) and prevention as mean [95 % bootstrap interval] over
+    the training seeds of each controller trained on several (drive/studies/misbehaviour/report.py `over_seeds`), `*`
+    where Welch's p against the first controller survives Holm over the table's comparisons, counted in its note."""
     groups = results.get("over_seeds", {})
     if not groups:
         return []
@@ -162,6 +163,8 @@ def seeds_table(results: dict[str, Any]) -> list[str]:
                 f"| {name[group]} | {len(entry['checkpoints'])} | {counts} | none scored (no nominal run "
                 "without a misbehaviour, or no misbehaviour) | – | – | – | – |"
             )
+    lines += ["", _holm_note([(g, m, k, s) for g, e in groups.items() for m, by in e["monitors"].items()
+                              for k, s in by.items()], name, groups)]  # fmt: skip
     prevention = {g: e["prevention"] for g, e in groups.items() if e["prevention"]}
     if prevention:
         lines += [
@@ -179,11 +182,21 @@ def seeds_table(results: dict[str, Any]) -> list[str]:
                 "interventions_per_km_nominal",
             )
             lines.append(f"| {name[group]} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
+        lines += ["", _holm_note([(g, "", k, s) for g, by in prevention.items() for k, s in by.items()], name, groups)]
     return lines + pairwise(groups, name)
 
 
+def _holm_note(stats: list[tuple[str, str, str, dict[str, Any]]], name: dict[str, str], groups: dict) -> str:
+    """The note under a seeds table: the comparisons with the first group that `over_seeds` Holm-corrected, and
+    which of them survive (their cells carry the `*`)."""
+    tested = [(g, m, k) for g, m, k, stat in stats if stat.get("p") is not None]
+    survivors = [" ".join(w for w in (name[g], m, k) if w) for g, m, k, s in stats if s.get("significant")]
+    return holm_note(len(tested), survivors, f"comparisons with {name[next(iter(groups))]}")
+
+
 def pairwise(groups: dict[str, Any], name: dict[str, str]) -> list[str]:
-    """Welch's p of every pair of controllers on the summed epistemic variance's F3 and on the share prevented."""
+    """Welch's p of every pair of controllers on the summed epistemic variance's F3 and on the share prevented; `*`
+    where it survives Holm over the table's pairs (each pair once, though the table shows it twice)."""
     lines: list[str] = []
     for title, where in (
         ("F3 of the summed epistemic variance", ("monitors", "epistemic_sum", "f3")),
@@ -199,14 +212,19 @@ def pairwise(groups: dict[str, Any], name: dict[str, str]) -> list[str]:
             "| | " + " | ".join(name[g] for g in stats) + " |",
             "|---|" + "---|" * len(stats),
         ]
+        pairs = [(g, h) for i, g in enumerate(stats) for h in list(stats)[i + 1 :]]
+        adjusted, marks = holm_marks([stats[g].get("p_vs", {}).get(h) for g, h in pairs])
+        survives = {frozenset(pair): mark for pair, mark in zip(pairs, marks, strict=True)}
         for g, v in stats.items():
-            cells = ["" if h == g else _p(v.get("p_vs", {}).get(h)) for h in stats]
+            cells = ["" if h == g else _p(v.get("p_vs", {}).get(h), survives[frozenset((g, h))]) for h in stats]
             lines.append(f"| {name[g]} | " + " | ".join(cells) + " |")
+        kept = [f"{name[g]} – {name[h]}" for (g, h), mark in zip(pairs, marks, strict=True) if mark]
+        lines += ["", holm_note(sum(q is not None for q in adjusted), kept, "pairs")]
     return lines
 
 
-def _p(p: float | None) -> str:
-    return "–" if p is None else f"{p:.3f}" + (" *" if p < 0.05 else "")
+def _p(p: float | None, survives: bool) -> str:
+    return "–" if p is None else f"{p:.3f}" + (" *" if survives else "")
 
 
 def headline(results: dict[str, Any]) -> str:
@@ -234,8 +252,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         *(
             [
-                "## Over training seeds (held-out families; mean ± 95 % t-interval over seeds, * Welch p < 0.05 "
-                f"against {labels(list(results['over_seeds']))[next(iter(results['over_seeds']))]}, same monitor)",
+                "## Over training seeds (held-out families; mean [95 % bootstrap interval] over seeds, * Welch p "
+                f"against {labels(list(results['over_seeds']))[next(iter(results['over_seeds']))]}, same monitor, "
+                "below 0.05 after Holm over the table)",
                 "",
                 *seeds_table(results),
                 "",
@@ -300,7 +319,7 @@ SEED_MONITORS = ("epistemic_steer", "epistemic_sum", "thirdeye_avg_grad", "selfo
 
 def plot_seeds(results: dict[str, Any], path: Path) -> Path | None:
     """Controllers trained on several seeds: F3 per monitor (held-out, the plan's level and TTM) and the share the
-    gate prevents, each seed a dot, the mean and its 95 % t-interval a bar."""
+    gate prevents, each seed a dot, the mean and its 95 % bootstrap interval a bar."""
     groups = results.get("over_seeds", {})
     if not groups:
         return None
@@ -336,7 +355,7 @@ def plot_seeds(results: dict[str, Any], path: Path) -> Path | None:
     left.legend(fontsize=7, loc="upper left")
     for ax in (left, right):
         ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    fig.suptitle("over training seeds: each dot a seed, bars the mean and its 95 % t-interval", fontsize=9)
+    fig.suptitle("over training seeds: each dot a seed, bars the mean and its 95 % bootstrap interval", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -347,8 +366,9 @@ def _seed_bar(ax: Any, x: float, stat: dict[str, Any] | None, colour: str, label
     if not stat or stat["mean"] is None:
         return
     ax.scatter([x] * len(stat["values"]), stat["values"], s=10, color=colour, alpha=0.6, label=label)
-    half = stat["half_width"] or 0.0
-    ax.errorbar([x], [stat["mean"]], yerr=[[half], [half]], fmt="_", color=colour, markersize=10, capsize=2)
+    low, high = stat.get("low"), stat.get("high")
+    err = [[stat["mean"] - low], [high - stat["mean"]]] if low is not None and high is not None else [[0.0], [0.0]]
+    ax.errorbar([x], [stat["mean"]], yerr=err, fmt="_", color=colour, markersize=10, capsize=2)
 
 
 def write_report(out: Path, results: dict[str, Any]) -> list[Path]:

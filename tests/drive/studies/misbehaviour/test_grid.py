@@ -129,7 +129,7 @@ def _controller(f3: float, prevented_with: int) -> dict:
             "fallback": fallback}  # fmt: skip
 
 
-def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences_are_tested(tmp_path):
+def test_seeds_of_one_controller_become_a_mean_with_an_interval_and_differences_are_tested(tmp_path):
     from drive.studies.misbehaviour.report import over_seeds, seed_groups
     from drive.studies.misbehaviour.text import seeds_table
 
@@ -147,17 +147,17 @@ def test_seeds_of_one_controller_become_a_mean_with_a_t_interval_and_differences
     assert (
         f3["n"] == 3
         and f3["mean"] == pytest.approx(0.91)
-        and f3["half_width"] == pytest.approx(4.303 * 0.01 / 3**0.5, rel=1e-3)
+        and (f3["low"], f3["high"]) == pytest.approx((0.90, 0.92))  # a bootstrap over 3 seeds: their range
     )
     assert f3["significant"] and "significant" not in a["monitors"]["epistemic_steer"]["f3"]  # a is the reference
     assert not b["monitors"]["epistemic_steer"]["auroc"]["significant"]  # equal on every seed: no test, no mark
     assert b["prevention"]["prevented"]["mean"] == pytest.approx(0.9) and a["prevention"]["prevented"]["mean"] == 0
     assert b["prevention"]["handed_over_nominal"]["mean"] == pytest.approx(0.02)
     assert b["prevention"]["return_gain"]["mean"] == pytest.approx(90.0) and a["prevention"]["return_gain"]["mean"] == 0
-    assert b["prevention"]["return_gain"]["significant"] and b["prevention"]["return_gain"]["p"] < 0.05
+    assert b["prevention"]["return_gain"]["significant"] and b["prevention"]["return_gain"]["p_holm"] < 0.05
     results["over_seeds"] = out
     table = "\n".join(seeds_table(results))
-    assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 ± 0.025 *" in table
+    assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 [0.900, 0.920] *" in table
     p = b["prevention"]["prevented"]["p_vs"]["r/a/seed*/best.pt"]
     assert p == a["prevention"]["prevented"]["p_vs"]["r/b/seed*/best.pt"] and p < 0.05  # every pair, both ways
     assert "Welch's p, share of misbehaviours prevented" in table and f"| a/seed*/best.pt |  | {p:.3f} * |" in table
