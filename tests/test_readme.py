@@ -219,7 +219,7 @@ def test_the_misbehaviour_headline_is_what_its_archived_results_make():
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) >= 30 and not [r for r in rows if r not in made]
     assert "--out runs/mb/seeds3 --ckpt $B/{nsac,nsac-fit-0.1,gmle,mcd,de,der,sdenet}/seed{0,1,2}/best.pt" in page
-    # the page's summary table: each "mean ± half" is the archived figure, rounded as shown
+    # the page's summary table: each "mean [low, high]" is the archived figure, rounded as shown
     columns = [("monitors", "epistemic_sum", "f3"), ("monitors", "epistemic_sum", "auroc"),
                ("monitors", "thirdeye_avg_grad", "f3"), ("prevention", "prevented"),
                ("prevention", "handed_over_nominal")]  # fmt: skip
@@ -230,10 +230,12 @@ def test_the_misbehaviour_headline_is_what_its_archived_results_make():
         entry = results["over_seeds"][f"runs/ref/bench/runs/demos/{cells[0]}/seed*/best.pt"]
         for text, where in zip(cells[1:], columns, strict=True):
             stat = entry[where[0]].get(where[1]) if len(where) == 2 else entry[where[0]].get(where[1], {}).get(where[2])
-            if "±" in text:
-                shown = [float(t) for t in text.split("±")]
-                ulp = 0.5 * 10.0 ** -len(text.split("±")[0].strip().split(".")[1]) + 1e-12
-                assert abs(shown[0] - stat["mean"]) <= ulp and abs(shown[1] - stat["half_width"]) <= ulp, (line, text)
+            if "[" in text:
+                mean, low, high = (float(t) for t in text.replace("[", ",").strip(" ]").split(","))
+                ulp = 0.5 * 10.0 ** -len(text.split("[")[0].strip().split(".")[1]) + 1e-12
+                shown = {"mean": mean, "low": low, "high": high}
+                assert all(abs(v - stat[k]) <= ulp for k, v in shown.items()), (line, text)
+                assert 0 <= low <= mean <= high <= 1, (line, text)  # fractions: the interval stays in [0, 1]
                 checked += 1
     assert checked >= 20
 

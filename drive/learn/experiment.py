@@ -196,10 +196,11 @@ def train_and_evaluate(req: TrainRequest) -> dict[str, Any]:
         },
     )
     n_params = sum(p.numel() for p in model.parameters())
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(f"training {req.controller} ({n_params:,} parameters) on task {data.name} -> {req.out}")
     t0 = time.perf_counter()
     result = fit(model, data.train, data.val, train_cfg, req.out, info)
-    report = evaluate_run(result, data, train_cfg, req, time.perf_counter() - t0, n_params)
+    report = evaluate_run(result, data, train_cfg, req, time.perf_counter() - t0, n_params, n_trainable)
     atomic_write(Path(req.out) / "metrics.json", json.dumps(report, indent=2).encode())
     print(f"wrote {Path(req.out) / 'metrics.json'}")
     return report
@@ -233,8 +234,18 @@ def follow(req: TrainRequest) -> None:
 
 
 def evaluate_run(
-    result: FitResult, data: tasks.TaskData, train_cfg: TrainerConfig, req: TrainRequest, train_s: float, n_params: int
+    result: FitResult,
+    data: tasks.TaskData,
+    train_cfg: TrainerConfig,
+    req: TrainRequest,
+    train_s: float,
+    n_params: int,
+    n_trainable: int | None = None,
 ) -> dict[str, Any]:
+    """metrics.json's dict. Its "fit" says what the training took: epochs_run of the cap max_epochs, stopped_by
+    "patience" (early stopping ended it: converged by that rule) or "cap" (it ran every epoch), gradient_steps
+    (optimizer steps), cpu_seconds (the trainer's process CPU time over the epochs) beside train_seconds (wall
+    time, this session's), n_parameters and n_trainable_parameters."""
     model, _ = checkpoint.load_controller(result.best_path)  # evaluate exactly what was saved
     model.to(req.device)
     pred, y = predict_dataset(model, data.val, train_cfg.batch_size, None, req.seed, req.device)
@@ -254,6 +265,12 @@ def evaluate_run(
         "train_seconds": train_s,
         "eval_seconds": time.perf_counter() - t1,
         "n_parameters": n_params,
+        "n_trainable_parameters": n_params if n_trainable is None else n_trainable,
+        "gradient_steps": result.gradient_steps,
+        "cpu_seconds": result.cpu_seconds,
+        "max_epochs": train_cfg.epochs,
+        "patience": train_cfg.patience,
+        "stopped_by": "patience" if result.stopped_early else "cap",
     }
     report = {
         "task": data.name,

@@ -13,6 +13,10 @@ The run directory receives
     best.pt, last.pt controller checkpoints (drive.checkpoint format, kind "controller")
     resume.pt        optimizer, epoch, RNG states, best score, early-stopping counter, written atomically after each
                      epoch, so `resume=True` after a kill continues exactly where the last finished epoch left off.
+The compute a fit took (FitResult): `gradient_steps`, the optimizer steps taken (one per training batch: the
+schedule's step count, which resume.pt carries), and `cpu_seconds`, this process's CPU time (every thread) over its
+epochs, training and validation, summed over the sessions of a resumed run (resume.pt carries the sum; DataLoader
+worker processes are not counted: num_workers=0 by default).
 Exactness: batch order comes from a generator seeded by (seed, epoch), datasets with `set_epoch` are re-seeded the
 same way, and the global torch/numpy/python RNG states (the model's own sampling) are restored from resume.pt.
 """
@@ -63,6 +67,8 @@ class FitResult(NamedTuple):
     history: list[dict[str, float]]
     best_path: Path
     last_path: Path
+    gradient_steps: int = 0  # optimizer steps taken over the whole run (resumed sessions included)
+    cpu_seconds: float = 0.0  # process CPU time of the run's epochs (training and validation), summed over sessions
 
 
 # -- the loop ----------------------------------------------------------------------------------------------------------
@@ -76,6 +82,7 @@ class _State:
     best_epoch: int = 0
     bad_epochs: int = 0
     stopped: bool = False
+    cpu_seconds: float = 0.0  # CPU time of the finished epochs (a resume.pt written before it counted: from there on)
 
 
 def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _State:
@@ -102,6 +109,7 @@ def _resume(run_dir: Path, model, optimizer, scheduler, cfg: TrainerConfig) -> _
         state["best_epoch"],
         state["bad_epochs"],
         state["stopped"],
+        float(state.get("cpu_seconds", 0.0)),
     )
     if distributed.is_main():
         rng.truncate_log(run_dir / "metrics.jsonl", loop.start)
@@ -167,7 +175,17 @@ def fit(model, train, val, cfg: TrainerConfig, run_dir: str | os.PathLike, info:
             raise RuntimeError(f"{run_dir}: no epoch finished, no checkpoint written (epochs={cfg.epochs})")
         model.load_state_dict(checkpoint.read(best_path, kind="controller")["state_dict"])
     best_nll = next((r["val_nll"] for r in loop.history if r["epoch"] == loop.best_epoch), math.inf)
-    return FitResult(loop.best_epoch, best_nll, len(loop.history), loop.stopped, loop.history, best_path, last_path)
+    return FitResult(
+        loop.best_epoch,
+        best_nll,
+        len(loop.history),
+        loop.stopped,
+        loop.history,
+        best_path,
+        last_path,
+        int(scheduler.last_epoch),
+        loop.cpu_seconds,
+    )
 
 
 def _epoch(
@@ -184,7 +202,7 @@ def _epoch(
     writer,
 ) -> None:
     """One epoch: train, validate, checkpoint (last, best), log, and the atomic resume state."""
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     train_loss = _train_epoch(model, train, optimizer, scheduler, cfg, epoch)
     model.on_epoch_end(epoch, cfg.epochs)
     rngs = distributed.gather(rng.get_state())  # every rank's RNG on rank 0, for an exact resume
@@ -220,6 +238,7 @@ def _epoch(
         for key in ("train_loss", "val_nll", "val_mse", "lr"):
             writer.add_scalar(key.replace("_", "/", 1), row[key], epoch)
         writer.flush()
+    loop.cpu_seconds += time.process_time() - cpu0  # training, validation and the checkpoints of this epoch
     resume_state = {
         "epoch": epoch,
         "model": model.state_dict(),
@@ -232,6 +251,7 @@ def _epoch(
         "best_epoch": loop.best_epoch,
         "bad_epochs": loop.bad_epochs,
         "stopped": loop.stopped,
+        "cpu_seconds": loop.cpu_seconds,
     }
     checkpoint.atomic_torch_save(resume_state, run_dir / "resume.pt")
     log.info(

@@ -7,11 +7,15 @@ does. The controller predicts the three as a Gaussian; the trainer fits the targ
 split and saves it with the weights.
 
 Split by episode (track seed), never by frame: consecutive frames are nearly identical, so a frame split would leak.
-The episodes are split three ways, reproducibly under --seed: train, validation (best.pt and early stopping on the
-validation MSE: `trainer.select=val_mse`, see below) and a held-out test split on which `evaluate` reports the
-offline metrics (MSE, NLL, CRPS, ECE, PIT, coverage and width of central intervals; overall and per action). With
-`task.test_data=DIR`, a separately collected dataset is the test split instead and every episode of DIR is used for
-train/val.
+The episodes are split three ways, reproducibly under --seed (or `task.split_seed`, below): train, validation
+(best.pt and early stopping on the validation MSE: `trainer.select=val_mse`, see below) and a held-out test split on
+which `evaluate` reports the offline metrics (MSE, NLL, CRPS, ECE, PIT, coverage and width of central intervals;
+overall and per action). With `task.test_data=DIR`, a separately collected dataset is the test split instead and
+every episode of DIR is used for train/val.
+`task.split_seed=N` draws the split from N instead of --seed, so runs of several --seed values share one split and
+differ only in their initialisation and batch order (`drive bench controllers --split-seeds`): the spread over seeds
+is then the initialisation's, and a second split value shows the split's share. Unset (None), the split follows
+--seed as it always did, and the fingerprint is the one it always was; set, the fingerprint records `split_seed`.
 
 Frames are held once per episode (T + k - 1 frames, not T stacks of k), and a batch's stacks are gathered by index:
 50 episodes of 1,000 steps take ~0.35 GB instead of 1.4 GB. The data fingerprint saved in the checkpoint names the
@@ -36,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -98,6 +102,8 @@ class Options:
     """a separately recorded dataset as the test split (then every episode of --data trains or validates)"""
     include_flagged: bool = False
     """also use episodes flagged below the dataset's min_return"""
+    split_seed: int | None = None
+    """draws the episodes' train/val/test split (None: --seed draws it, as it draws the initialisation)"""
 
     def __post_init__(self) -> None:
         in_range(self, "val_fraction", 0, 1, high_open=True)
@@ -240,6 +246,11 @@ def _fingerprint(data: Demonstrations, splits: dict[str, list[int]], opts: Optio
         "input": opts.input,
         **{f"{name}_seeds": list(map(int, seeds)) for name, seeds in splits.items()},
         **({"test_data": str(Path(opts.test_data).resolve())} if opts.test_data else {}),
+        **({"split_seed": opts.split_seed} if opts.split_seed is not None else {}),
+        # task and options as tasks.load records them (same keys, same order), split_seed only when set: a run
+        # without it keeps the fingerprint it always had
+        "task": "demos",
+        "options": {k: v for k, v in asdict(opts).items() if k != "split_seed" or v is not None},
     }
 
 
@@ -278,12 +289,13 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "(e.g. 0; nothing is recorded again) or train with --set task.include_flagged=true"
         )
     test_data = demos
+    split = seed if opts.split_seed is None else opts.split_seed
     if opts.test_data:
-        train_seeds, val_seeds, _ = split_seeds(seeds, opts.val_fraction, 0.0, seed)
+        train_seeds, val_seeds, _ = split_seeds(seeds, opts.val_fraction, 0.0, split)
         test_data = Demonstrations(Path(opts.test_data), include_flagged=opts.include_flagged)
         test_seeds = test_data.seeds
     else:
-        train_seeds, val_seeds, test_seeds = split_seeds(seeds, opts.val_fraction, opts.test_fraction, seed)
+        train_seeds, val_seeds, test_seeds = split_seeds(seeds, opts.val_fraction, opts.test_fraction, split)
     log.info(
         "demos %s: %d train, %d val, %d test episodes (stride %d)",
         data,

@@ -17,7 +17,8 @@ recording gives validation and test blocks and the others only train (so adding 
 training data). Defaults: 10 blocks (~22 s of driving each on the lake log, about a quarter of its 84 s lap), test =
 blocks 2 and 7, validation = block 9, gap 1 s. `split=random` is the NSAC paper's protocol (`random_test` of the
 frames at random for test, `random_val` for validation): it leaks near-twin frames into the test set by construction
-and is reported only beside the paper's row, labelled as such.
+and is reported only beside the paper's row, labelled as such. Its frames are drawn by --seed, or by
+`task.split_seed` when set (then runs of several --seed values share one split; the fingerprint records it).
 
 Training samples: naokishibuya's car-behavioral-cloning augmentation (`datasets.udacity_augment.augment`: random camera
 with the +-0.2 side-camera correction when `side_cameras`, flip, translate, shadow, brightness; each sample with
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import ClassVar, Literal, NamedTuple
@@ -102,6 +103,8 @@ class Options:
     frames: int = 1
     """camera frames per input, the current one last (2: the previous frame too, which may score better offline than
     it drives: docs/udacity.md)"""
+    split_seed: int | None = None
+    """split=random: draws the frames' split (None: --seed draws it, as it draws the initialisation)"""
 
     def __post_init__(self) -> None:
         at_least(self, 1, "n_blocks")
@@ -202,7 +205,9 @@ def _split(opts: Options, rec: Recording, first: bool, seed: int) -> dict[str, n
         return {"train": np.arange(n), "val": empty, "test": empty}
     try:
         if opts.split == "random":
-            return random_split(n, opts.random_test, opts.random_val, seed)
+            return random_split(
+                n, opts.random_test, opts.random_val, seed if opts.split_seed is None else opts.split_seed
+            )
         return block_split(rec.t, opts.n_blocks, opts.test_blocks, opts.val_blocks, opts.gap_s, opts.max_gap_s)
     except ValueError as exc:
         raise UserError(f"task 'udacity' ({rec.log.path}): {exc}") from None
@@ -278,6 +283,11 @@ def build(opts: Options, data: Path | None, seed: int) -> TaskData:
             "frames": opts.frames,
             "split": {"kind": opts.split, **{f"n_{k}": len(v) for k, v in index.items()}},
             "augment": None if aug is None else aug.__dict__,
+            **({"split_seed": opts.split_seed} if opts.split_seed is not None else {}),
+            # task and options as tasks.load records them, split_seed only when set: a run without it keeps the
+            # fingerprint it always had
+            "task": "udacity",
+            "options": {k: v for k, v in asdict(opts).items() if k != "split_seed" or v is not None},
         },
         evaluate=evaluate,
         # NSAC: the per-head OOD surrogate with the batch ratio (the shipped lake model's). With the input surrogate

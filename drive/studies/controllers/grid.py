@@ -7,7 +7,8 @@ with the same arguments keeps what finished, and two processes running the same 
 (row,
    seed) in OUT/runs/demos/<row>/seed<s>. Every row gets the same data, --epochs and --set (so the same gradient
    steps) and the same selection rule (best.pt by the validation MSE, the demos task's default); training seed s
-   also draws the episodes' train / validation / test split, the same split for every row.
+   also draws the episodes' train / validation / test split, the same split for every row, unless --split-seeds fixes
+   one split for every seed (task.split_seed). What each run cost and whether it converged: budget.py.
 2. Closed loop: each run's best.pt driven on the unseen --eval-seeds tracks, clean and under each --shifts condition
    (drive/loop/evaluate.py, as `drive eval`; failure prediction off): RUN/closed_loop/<condition>.json.
 3. OOD detection: per training seed, `drive ood` over every row's best.pt (they share seed s's test episodes): the

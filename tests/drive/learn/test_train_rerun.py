@@ -79,6 +79,8 @@ def test_rerunning_an_interrupted_run_continues_it_exactly(tmp_path, capsys, mon
     report = json.loads((killed / "metrics.json").read_text())
     assert report["val"] == json.loads((straight / "metrics.json").read_text())["val"]
     assert report["fit"]["epochs_run"] == 2
+    straight_fit = json.loads((straight / "metrics.json").read_text())["fit"]  # the cost counts both sessions
+    assert report["fit"]["gradient_steps"] == straight_fit["gradient_steps"] > 0 and report["fit"]["cpu_seconds"] > 0
 
 
 @pytest.fixture(scope="module")

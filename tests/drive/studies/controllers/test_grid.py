@@ -4,7 +4,6 @@ under a shift, scored for OOD detection, and tabled with intervals over seeds; a
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from scipy import stats
@@ -13,11 +12,11 @@ from drive.cli import main
 from drive.studies.over_seeds import interval, welch
 
 
-def test_interval_is_the_student_t_half_width_and_welch_matches_scipy():
+def test_interval_is_a_bootstrap_over_the_finite_values_and_welch_matches_scipy():
     out = interval([1.0, 2.0, 3.0, float("nan")])
-    assert out["n"] == 3 and out["mean"] == 2.0 and out["sd"] == 1.0
-    assert out["half_width"] == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
-    assert interval([5.0])["half_width"] is None and interval([])["mean"] is None
+    assert out["n"] == 3 and out["mean"] == 2.0 and out["sd"] == 1.0 and out["values"] == [1.0, 2.0, 3.0]
+    assert 1.0 <= out["low"] < 2.0 < out["high"] <= 3.0  # tests/drive/studies/test_over_seeds.py has the rest
+    assert interval([5.0])["low"] is None and interval([])["mean"] is None
     p = welch([1.0, 2.0, 3.0], [4.0, 5.0, 7.0])
     assert p == pytest.approx(stats.ttest_ind([1, 2, 3], [4, 5, 7], equal_var=False).pvalue)
     assert welch([1.0, 1.0], [1.0, 1.0]) is None and welch([1.0], [2.0, 3.0]) is None
@@ -58,6 +57,9 @@ def test_two_rows_two_seeds_are_trained_driven_scored_and_tabled(demos, tmp_path
     assert "## Headline" in text and "## Closed loop under `noise:0.2`" in text
     assert "blur:2" in text and "(NSAC's surrogate)" in text
     assert "--controller gmle --seed 0" in text and (out / "returns.png").stat().st_size > 0
+    costs = json.loads((out / "budget.json").read_text())["rows"]  # what each run took, a curve per row
+    assert [r["seed"] for r in costs["gmle"]["runs"]] == [0, 1] and costs["nsac"]["runs"][1]["gradient_steps"] > 0
+    assert (out / "curves" / "nsac.png").stat().st_size > 0 and "| nsac | 2 |" in (out / "budget.md").read_text()
     # a rerun finds everything done: nothing is trained or driven again, the results are the same
     made = [p for p in out.rglob("*.json") if "closed_loop" in p.parts or p.parent.name in ("ood", "seed0", "seed1")]
     stamps = {p: p.stat().st_mtime_ns for p in made}
