@@ -14,9 +14,10 @@ with the same arguments keeps what finished, and two processes running the same 
 3. OOD detection: per training seed, `drive ood` over every row's best.pt (they share seed s's test episodes): the
    AUROC of each uncertainty separating clean frames from each --ood family, OUT/ood/seed<s>.json.
 
-`aggregate` turns the files into per-row statistics (drive/studies/over_seeds.py): the mean over seeds, the
-half-width of a 95 % Student-t interval and, against the reference row, Welch's two-sided t-test; a difference with
-p < 0.05 is marked significant; one it does not mark is not shown to be real, whatever the means say. Held-out
+`aggregate` turns the files into per-row statistics (drive/studies/over_seeds.py): the mean over seeds, a 95 %
+percentile bootstrap interval of it inside the metric's range and, against the reference row, Welch's two-sided p
+(uncorrected, `p_vs_reference`); the tables (text.py) star a difference only where p survives Holm's correction over
+the comparisons of its table; one not starred is not shown to be real, whatever the means say. Held-out
 families (no method trains on them) are averaged into the OOD headline; NSAC's surrogate families (`noise`,
 `brightness`: its regulariser trains on them) are reported apart.
 """
@@ -33,7 +34,7 @@ import numpy as np
 from datasets.files import atomic_write
 from drive.perturb.registry import parse_shift
 from drive.studies.offline import grid as offline
-from drive.studies.over_seeds import interval, welch
+from drive.studies.over_seeds import bounds_of, interval, welch
 
 CLEAN = "clean"
 OFFLINE_METRICS = ("mse", "nll", "crps", "ece", "coverage_90")
@@ -244,10 +245,9 @@ def aggregate(study: Study) -> dict[str, Any]:
     for row, metrics in values.items():
         rows[row] = {}
         for metric, by_seed in metrics.items():
-            entry = interval(list(by_seed.values()))
-            if row != study.reference and metric in ref:
-                p = welch(list(by_seed.values()), list(ref[metric].values()))
-                entry.update(p_vs_reference=p, significant=p is not None and p < ALPHA)
+            entry = interval(list(by_seed.values()), bounds_of(metric))
+            if row != study.reference and metric in ref:  # starred only after Holm, over a table's comparisons
+                entry["p_vs_reference"] = welch(list(by_seed.values()), list(ref[metric].values()))
             entry["seeds"] = sorted(by_seed)
             rows[row][metric] = entry
     expert = _read(expert_path(study))
