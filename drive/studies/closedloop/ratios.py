@@ -10,7 +10,7 @@ cost our env per step against random actions, so what collect or eval could reac
 
 from __future__ import annotations
 
-from drive.studies.closedloop.rows import Row
+from drive.studies.closedloop.rows import Row, best_eval
 
 TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_best_over_renderer": 0.8,
            "collect2_over_collect1": 1.7, "renderer_over_envpool_driving": 1.0,
@@ -40,11 +40,6 @@ def _env_rate(rows: dict[str, Row], loop: str, env: str) -> float | None:
 
 def _over(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a / b
-
-
-def best_eval(rows: dict[str, Row], ks: tuple[int, ...]) -> int | None:
-    rated = [(_rate(rows, f"eval_k{k}"), k) for k in ks]
-    return max(((r, k) for r, k in rated if r is not None), default=(None, None))[1]
 
 
 def ratios_of(rows: dict[str, Row], ks: tuple[int, ...]) -> dict[str, float | None]:

@@ -279,6 +279,7 @@ class LoopRowsConfig(Protocol):
     eval_episodes: int
     eval_max_episode_steps: int
     first_seed: int
+    envs: tuple[int, ...]
 
 
 def collect_run(cfg: LoopRowsConfig, workers: int, envs: int = 0) -> tuple[int, float, float]:
@@ -373,3 +374,42 @@ def eval_row(cfg: LoopRowsConfig, k: int, workers: int, bare: Bare | None = None
     steps, wall, cpu = timed(lambda: sum(int(r["steps"]) for r in evaluate(options)["episodes"]))
     after = [bare()] if bare else []
     return Row(label, steps, wall, cpu, detail={"episodes": n, "envs": k, "workers": workers, **beside(before + after)})
+
+
+class RowsConfig(EnvRowsConfig, LoopRowsConfig, Protocol):
+    """`drive bench closedloop`'s Config, as the loop rows with our env beside them read it."""
+
+
+def best_eval(rows: dict[str, Row], ks: tuple[int, ...]) -> int | None:
+    """The K of the 1-worker eval row with the most steps per CPU-second (None: no eval row measured)."""
+    rated = [(rows[f"eval_k{k}"].steps_per_cpu_s if f"eval_k{k}" in rows else None, k) for k in ks]
+    return max(((r, k) for r, k in rated if r is not None), default=(None, None))[1]
+
+
+def measure_loops(cfg: RowsConfig, console: Any) -> dict[str, Row]:
+    """The collect and eval rows, each 1-worker row with our env measured beside it (`bare_env`), then eval's best K
+    on 2 workers."""
+    rows: dict[str, Row] = {}
+    bare = bare_env(cfg)  # our env again beside each 1-worker loop row: what its ratios divide by
+    # each ratio's two rows run back to back: on a shared machine even CPU time per step drifts (2x in minutes, seen)
+    plan: list[tuple[str, Callable[[], dict[str, Row]]]] = [
+        ("collect1", lambda: collect_rows(cfg, bare)),
+        ("collect2", lambda: {"collect2": collect2_row(cfg)}),
+        *[(f"eval_k{k}", lambda k=k: {f"eval_k{k}": eval_row(cfg, k, 1, bare)}) for k in cfg.envs],  # type: ignore[misc]
+    ]
+    for key, measure in plan:
+        with console.status(f"measuring {key} ..."):
+            measured = measure()
+        rows.update(measured)
+        for row in measured.values():
+            console.print(
+                f"{row.label}: "
+                + (row.skipped or f"{row.steps_per_cpu_s:.0f} steps per CPU-s, {row.steps_per_s:.0f} steps/s")
+            )
+    best = best_eval(rows, cfg.envs)
+    if best is None:
+        rows["eval2"] = Row("eval, best K, 2 workers", skipped="not available: no eval row was measured")
+    else:
+        with console.status("measuring eval2 ..."):
+            rows["eval2"] = eval_row(cfg, best, 2)
+    return rows
