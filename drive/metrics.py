@@ -167,15 +167,34 @@ def auroc(score_in: Any, score_out: Any) -> float:
     return float(u / (s_in.size * s_out.size))
 
 
-def average_precision(positive: np.ndarray, negative: np.ndarray) -> float:
-    """sklearn's average_precision_score: sum_n (R_n - R_{n-1}) P_n over the distinct scores, highest first."""
+def weighted_auroc(score_in: Any, score_out: Any, weight_out: Any) -> float:
+    """`auroc` with each out-of-distribution (positive) score weighted (sklearn roc_auc_score's sample_weight, the
+    in-distribution scores weight 1): the weighted Mann-Whitney statistic sum_p w_p (#in below p + #in tied / 2) /
+    (sum_p w_p #in). With every weight 1 it is `auroc` to the last digit (both count the same half-integers)."""
+    s_in, s_out = np.sort(_np(score_in).ravel()), _np(score_out).ravel()
+    w = np.asarray(weight_out, np.float64).ravel()
+    if s_in.size == 0 or s_out.size == 0 or w.shape != s_out.shape or (w < 0).any() or w.sum() <= 0:
+        raise ValueError("weighted_auroc needs scores on both sides and one non-negative weight per positive score")
+    below, up_to = np.searchsorted(s_in, s_out, "left"), np.searchsorted(s_in, s_out, "right")
+    return float(np.sum(w * ((below + up_to) / 2)) / (w.sum() * s_in.size))
+
+
+def average_precision(positive: np.ndarray, negative: np.ndarray, weight_positive: np.ndarray | None = None) -> float:
+    """sklearn's average_precision_score: sum_n (R_n - R_{n-1}) P_n over the distinct scores, highest first; with
+    `weight_positive`, its sample_weight (each positive weighted, the negatives 1)."""
     scores = np.concatenate([positive, negative])
     labels = np.concatenate([np.ones(len(positive)), np.zeros(len(negative))])
     order = np.argsort(-scores, kind="mergesort")
     scores, labels = scores[order], labels[order]
     last = np.r_[np.flatnonzero(np.diff(scores)), len(scores) - 1]  # the last index of each run of tied scores
-    tps = np.cumsum(labels)[last]
-    precision, recall = tps / (last + 1), tps / tps[-1]
+    if weight_positive is None:
+        tps = np.cumsum(labels)[last]
+        precision = tps / (last + 1)
+    else:
+        weights = np.concatenate([np.asarray(weight_positive, np.float64), np.ones(len(negative))])[order]
+        tps = np.cumsum(labels * weights)[last]
+        precision = tps / np.cumsum(weights)[last]
+    recall = tps / tps[-1]
     return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
 
 

@@ -13,8 +13,10 @@ be if its score carried no information about when a misbehaviour comes, scored t
   (tests/drive/studies/misbehaviour/test_protocol.py::test_an_information_free_score_sits_at_chance_with_the_defaults:
   AR(1) scores up to phi 0.98 sit at chance).
 - `with_nulls`: the monitor and both nulls (one draw each, numpy Generator(seed)) through `protocol.evaluate` with
-  the same settings, and per (level, TTM) whether the monitor's 95 % interval clears every null's: its F3 lower bound
-  above each null's F3 upper bound, its AUROC likewise (a NaN bound clears nothing).
+  the same settings and the same episode weights (each null keeps every run's family: pooled over families, each
+  family weighted equally, as the monitor is), and per (level, TTM) whether the monitor's 95 % interval clears
+  every null's: its F3 lower bound above each null's F3 upper bound, its AUROC likewise (a NaN bound clears
+  nothing).
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ NULLS = ("block_permuted", "information_free")
 
 
 def _with_scores(ep: Episode, scores: np.ndarray) -> Episode:
-    return Episode(scores, ep.onsets, ep.nominal, ep.busy)
+    return Episode(scores, ep.onsets, ep.nominal, ep.busy, ep.family)  # its family, so its weight, kept
 
 
 def block_permuted(
     episodes: Sequence[Episode], rng: np.random.Generator, block_s: float = 1.0, cfg: ProtocolConfig = DEFAULTS
 ) -> list[Episode]:
-    """The episodes with each one's scored steps shuffled in blocks of block_s s; labels, onsets and busy masks kept."""
+    """The episodes with each one's scored steps shuffled in blocks of block_s s; labels, onsets, busy masks and
+    families kept."""
     size, start = max(1, int(round(block_s * cfg.fps))), cfg.warmup_steps
     out = []
     for ep in episodes:
@@ -50,7 +53,7 @@ def block_permuted(
 def information_free(
     episodes: Sequence[Episode], rng: np.random.Generator, cfg: ProtocolConfig = DEFAULTS
 ) -> list[Episode]:
-    """The episodes with every score drawn i.i.d. from the pooled nominal scored steps; labels kept."""
+    """The episodes with every score drawn i.i.d. from the pooled nominal scored steps; labels and families kept."""
     pool = np.concatenate(
         [e.scores[cfg.warmup_steps :][~left_out(e, cfg)[cfg.warmup_steps :]] for e in episodes if e.nominal]
         or [np.empty(0)]

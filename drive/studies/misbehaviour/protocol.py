@@ -61,8 +61,19 @@ no shift), they only mark the windows its false-positive count leaves out.
   median lead time: per misbehaviour the first step of the horizon [o - H, o) (H = 3 s, not before the warm-up's
   end, busy steps skipped) whose score reaches t, lead = (o - step) / fps s, median over misbehaviours with a
   crossing.
+- Pooling over families (beyond their code, which scores one simulation at a time and pools nothing): the shifted
+  episodes of a group of several shift families (Episode.family; the report's held_out and surrogate) are pooled
+  over families, each family weighted equally: every shifted episode carries the weight N / (F n_f) (N shifted
+  episodes, F families, n_f of its family's), so each family's episodes sum to N / F and all to N. TP and FN are
+  sums of their windows' episode weights, the AUROC's and AUPRC's positives are weighted likewise (sklearn's
+  sample_weight: drive.metrics.weighted_auroc, average_precision) and so is the median lead (`weighted_median`);
+  FP and TN count nominal windows (weight 1). A family with more misbehaving episodes thus weighs no more in the
+  pooled figures. With one family every weight is 1: the figures are the unweighted ones, to the last digit.
+  `pooling="episodes"` weighs every episode 1 (FIELD does: their code says nothing on pooling, so we keep the
+  plain pooling there and weight families in ours only).
 - 95 % intervals for every figure: a bootstrap over EPISODES, nominal and shifted episodes resampled separately
-  with replacement, and with `halves` each half its own stratum (a replicate's halves stay disjoint, as the split
+  with replacement, the shifted ones within each family (pooling families: every replicate keeps every family, with
+  its weights), and with `halves` each half its own stratum (a replicate's halves stay disjoint, as the split
   asks), the thresholds refitted and every figure recomputed; percentile interval [2.5, 97.5] over the B replicates
   (NaN replicates left out), numpy Generator(seed): drive.metrics.bootstrap. Percentiles of a figure's replicates
   stay inside the figure's range ([0, 1] for the rates).
@@ -70,8 +81,9 @@ no shift), they only mark the windows its false-positive count leaves out.
   through this same pipeline in drive/studies/misbehaviour/nulls.py (block-permuted and information-free scores).
 
 Departures from the field, each selectable back: `FIELD` = ProtocolConfig(scoring="field",
-threshold_split="in_sample", warmup_s=0.0) undoes the first three (`drive bench misbehaviour --protocol field`); the
-fourth is the caller's (pass no misbehaving nominal run to drop them).
+threshold_split="in_sample", warmup_s=0.0, pooling="episodes") undoes the first three (`drive bench misbehaviour
+--protocol field`); the fourth is the caller's (pass no misbehaving nominal run to drop them). Pooling over families
+(above) is no departure from their rules, which pool nothing; FIELD pools episodes.
 1. Windows scored alike. The max of W raw frames lies well above the max of their W-frame mean for any noisy score,
    so under the field's windows a misbehaviour window outscores the nominal ones whatever the score knows. i.i.d.
    Gamma(2, 1) noise, the same in 20 nominal and 40 shifted 500-step episodes (onset at step 300), level 0.999,
@@ -115,8 +127,8 @@ from drive.studies.misbehaviour.windows import (
 )
 
 __all__ = ["DEFAULTS", "FIELD", "FPS", "LEVELS", "SCORINGS", "TTMS", "Episode", "Figures", "ProtocolConfig",
-           "Row", "evaluate", "fit_threshold", "gamma_threshold", "misbehaviour_windows", "nominal_windows",
-           "rates"]  # fmt: skip
+           "Row", "evaluate", "family_strata", "family_weights", "fit_threshold", "gamma_threshold",
+           "misbehaviour_windows", "nominal_windows", "rates", "scored_windows", "weighted_median"]  # fmt: skip
 
 LEVELS = (0.95, 0.99, 0.999, 0.9999, 0.99999)  # the confidence levels scored by default (the field's)
 TTMS = (1, 2, 3)
@@ -161,10 +173,55 @@ def rates(tp: float, fn: float, fp: float, tn: float) -> tuple[float, float, flo
     )
 
 
-def _ranking(positive: np.ndarray, negative: np.ndarray) -> tuple[float, float]:
+def _ranking(positive: np.ndarray, weight: np.ndarray, negative: np.ndarray) -> tuple[float, float]:
     if len(positive) == 0 or len(negative) == 0:
         return float("nan"), float("nan")
-    return metrics.auroc(negative, positive), metrics.average_precision(positive, negative)
+    return metrics.weighted_auroc(negative, positive, weight), metrics.average_precision(positive, negative, weight)
+
+
+def weighted_median(values: Sequence[float] | np.ndarray, weights: Sequence[float] | np.ndarray) -> float:
+    """The value where the weights sorted by value reach half their total; where a value's cumulative weight is
+    exactly half, the mean of it and the next (with equal weights: numpy's median, to the last digit)."""
+    v, w = np.asarray(values, np.float64), np.asarray(weights, np.float64)
+    order = np.argsort(v, kind="stable")
+    v, cum = v[order], np.cumsum(w[order])
+    k = int(np.searchsorted(cum, cum[-1] / 2))  # the first value whose cumulative weight reaches half
+    return float((v[k] + v[k + 1]) / 2) if cum[k] == cum[-1] / 2 and k + 1 < len(v) else float(v[k])
+
+
+# -- pooling over families ---------------------------------------------------------------------------------------------
+def family_strata(episodes: Sequence[Episode], cfg: ProtocolConfig = DEFAULTS) -> dict[str, np.ndarray]:
+    """{family: indices into `episodes`} in order of first appearance (pooling families), or every episode in one
+    stratum "" (pooling episodes): the bootstrap's shifted strata."""
+    if cfg.pooling == "episodes":
+        return {"": np.arange(len(episodes))}
+    out: dict[str, list[int]] = {}
+    for i, e in enumerate(episodes):
+        out.setdefault(e.family, []).append(i)
+    return {f: np.asarray(idx, np.intp) for f, idx in out.items()}
+
+
+def family_weights(episodes: Sequence[Episode], cfg: ProtocolConfig = DEFAULTS) -> np.ndarray:
+    """(N,) each shifted episode's weight: every family's episodes sum to N / (number of families), so the weights
+    sum to N and each family weighs the same; 1 each with one family or pooling episodes."""
+    strata = family_strata(episodes, cfg)
+    out = np.ones(len(episodes))
+    if len(strata) > 1:
+        for idx in strata.values():
+            out[idx] = len(episodes) / len(strata) / len(idx)
+    return out
+
+
+def scored_windows(episodes: Sequence[Episode], ttms: Sequence[int], cfg: ProtocolConfig = DEFAULTS) -> dict:
+    """{family: {str(TTM): the misbehaviour windows scorable at that TTM}} of the shifted episodes: what each
+    family's figures rest on (the scores do not matter, only the onsets, busy steps and warm-up)."""
+    out: dict[str, dict[str, int]] = {}
+    for e in episodes:
+        if not e.nominal:
+            by = out.setdefault(e.family, {str(t): 0 for t in ttms})
+            for t in ttms:
+                by[str(t)] += len(misbehaviour_windows(e, t, cfg)[0])
+    return out
 
 
 # -- the protocol ------------------------------------------------------------------------------------------------------
@@ -172,6 +229,7 @@ class _Prepared(NamedTuple):
     nominal: list[np.ndarray]  # per nominal episode: (K_e,) window aggregates
     windows: dict[int, list[np.ndarray]]  # per TTM, per shifted episode: (M_e,) misbehaviour window aggregates
     horizons: list[list[tuple[int, np.ndarray]]]  # per shifted episode: lead_horizons
+    weights: np.ndarray  # (N,) per shifted episode: its weight (family_weights)
 
 
 def _cat(arrays: Iterable[np.ndarray]) -> np.ndarray:
@@ -188,7 +246,9 @@ def _figures(
 ) -> np.ndarray:
     """(L, TTM, F) every figure of the nominal episodes in `folds` (index arrays) and the shifted ones in `shifted`.
     One fold: in-sample, thresholds fitted on it count its false positives. Two (the halves): each half's thresholds
-    count the other half's false positives, and each misbehaviour window is scored against both, weight 1/2 each."""
+    count the other half's false positives, and each misbehaviour window is scored against both, weight 1/2 each.
+    Each misbehaviour window and lead time carries its episode's weight (prep.weights): TP, FN, the AUROC's and
+    AUPRC's positives and the median lead are weighted, FP and TN count nominal windows."""
     out = np.full((len(levels), len(ttms), len(Figures._fields)), np.nan)
     negatives = [_cat(prep.nominal[i] for i in fold) for fold in folds]
     if any(len(n) == 0 for n in negatives):  # a replicate that drew only fully left-out nominal runs into a fold
@@ -203,15 +263,21 @@ def _figures(
             (fit_threshold(negatives[1], levels, cfg.threshold_fit), negatives[0]),
         ]
     horizons = [h for i in shifted for h in prep.horizons[i]]
-    leads = [[lead for t, _ in counted for lead in lead_steps(horizons, t[i])] for i in range(len(levels))]
+    h_weight = np.array([prep.weights[i] for i in shifted for _ in prep.horizons[i]])
+    leads = [[crossed for t, _ in counted for crossed in lead_steps(horizons, t[i])] for i in range(len(levels))]
     for j, ttm in enumerate(ttms):
         positive = _cat(prep.windows[ttm][i] for i in shifted)  # (M,)
-        auroc, auprc = _ranking(positive, every)
+        weight = _cat(np.full(len(prep.windows[ttm][i]), prep.weights[i]) for i in shifted)  # (M,)
+        auroc, auprc = _ranking(positive, weight, every)
         for i in range(len(levels)):
-            tp = float(np.mean([(positive >= t[i]).sum() for t, _ in counted]))
+            tp = float(np.mean([weight[positive >= t[i]].sum() for t, _ in counted]))
             fp = float(sum((negative > t[i]).sum() for t, negative in counted))
-            fn, tn = len(positive) - tp, len(every) - fp
-            lead = float(np.median(leads[i])) / cfg.fps if leads[i] else float("nan")
+            fn, tn = float(weight.sum()) - tp, len(every) - fp
+            lead = (
+                weighted_median([n for _, n in leads[i]], h_weight[[k for k, _ in leads[i]]]) / cfg.fps
+                if leads[i]
+                else float("nan")
+            )
             out[i, j] = (deployed[i], tp, fn, fp, tn, *rates(tp, fn, fp, tn), auroc, auprc, lead)
     return out
 
@@ -231,7 +297,9 @@ def evaluate(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> list[Row]:
-    """One Row per (level, TTM): the figures on all episodes and their 95 % bootstrap interval over episodes."""
+    """One Row per (level, TTM): the figures on all episodes and their 95 % bootstrap interval over episodes; the
+    shifted episodes of several families (Episode.family) pooled as cfg.pooling says (each family weighted equally
+    by default), resampled within each family."""
     nominal = [e for e in episodes if e.nominal]
     shifted = [e for e in episodes if not e.nominal]
     if not nominal or not shifted:
@@ -241,10 +309,12 @@ def evaluate(
     split = nominal_folds(len(nominal), cfg)
     per_ttm = {ttm: [misbehaviour_windows(e, ttm, cfg) for e in shifted] for ttm in ttms}
     scored = [nominal_windows(e, cfg) for e in nominal]
+    strata = list(family_strata(shifted, cfg).values())
     prep = _Prepared(
         [w for w, _ in scored],
         {ttm: [w[0] for w in ws] for ttm, ws in per_ttm.items()},
         [lead_horizons(e, cfg) for e in shifted],
+        family_weights(shifted, cfg),
     )
     counts = [sum(len(prep.nominal[i]) for i in fold) for fold in split]
     if sum(counts) < 2 or min(counts) < 1:
@@ -253,13 +323,13 @@ def evaluate(
             f"{len(nominal)} nominal episodes ({cfg.threshold_split})"
         )
 
-    def stat(*picks: np.ndarray) -> np.ndarray:  # one index array per fold (a stratum each), then the shifted runs
-        return _figures(
-            prep, [fold[p] for fold, p in zip(split, picks[:-1], strict=True)], picks[-1], levels, ttms, cfg
-        )
+    def stat(*picks: np.ndarray) -> np.ndarray:  # one index array per fold, then one per family (a stratum each)
+        folds = [fold[p] for fold, p in zip(split, picks[: len(split)], strict=True)]
+        runs = np.concatenate([family[p] for family, p in zip(strata, picks[len(split) :], strict=True)])
+        return _figures(prep, folds, runs, levels, ttms, cfg)
 
-    value = stat(*(np.arange(len(f)) for f in split), np.arange(len(shifted)))
-    low, high = metrics.bootstrap(stat, (*(len(f) for f in split), len(shifted)), n_boot, seed)
+    value = stat(*(np.arange(len(f)) for f in (*split, *strata)))
+    low, high = metrics.bootstrap(stat, [len(f) for f in (*split, *strata)], n_boot, seed)
     left = sum(n for _, n in scored)
     rows = []
     for i, level in enumerate(levels):

@@ -5,10 +5,15 @@ false-positive windows and the threshold (Gamma fit at each confidence level; by
 and counted on the other); shifted episodes give one window per misbehaviour at each TTM. Shifted conditions are
 grouped by family: `held_out` (families no method trained on: the headline), `surrogate` (the families NSAC's
 training surrogate draws from: additive pixel noise and a gain, i.e. `noise` and `brightness`; reported apart, never
-in the headline) and each family alone. Nominal-condition episodes that do misbehave stay in, their misbehaviours
+in the headline) and each family alone. held_out and surrogate are pooled over families, each family weighted
+equally (protocol.py, pooling): each misbehaving shifted episode weighs (the group's misbehaving episodes / its
+families) / its family's, so a family with more misbehaving episodes counts no more; the nominal windows weigh 1.
+Each group's table records it ("weighting") and per family its misbehaving episodes, their weight and the windows
+scored at each TTM ("families"). Nominal-condition episodes that do misbehave stay in, their misbehaviours
 and the 3 s before each left out of the false-positive windows; they are counted. Where the protocol scored is not
 the field's (`protocol.FIELD`), each monitor's row at the plan's level and TTM under the field's rules is kept
-beside ours (`field`), so the report shows both.
+beside ours (`field`), so the report shows both; the field's rules pool episodes (every episode weighs 1: their
+code scores one simulation at a time and says nothing on pooling).
 
 Prevention (cells with the fallback engaged at the nominal threshold of the controller's epistemic steering variance
 at the chosen level), per condition, paired by seed with the ungated cell: misbehaviours without and with the
@@ -79,11 +84,17 @@ def _onsets(episode: Mapping[str, Any]) -> list[int]:
     return sorted({int(e["t"]) for e in episode.get("events", [])})
 
 
+def _families(
+    conditions: Sequence[str], families: Mapping[str, tuple[str, bool]] | None = None
+) -> dict[str, tuple[str, bool]]:
+    known = families or {}
+    return {c: known[c] if c in known else family(c) for c in conditions if c != NOMINAL}
+
+
 def groups(conditions: Sequence[str], families: Mapping[str, tuple[str, bool]] | None = None) -> dict[str, list[str]]:
     """held_out, surrogate and one group per family, each its shifted conditions; `families` ({condition: `family`})
     where known already (records: no need to import a user's shift)."""
-    known = families or {}
-    shifted = {c: known[c] if c in known else family(c) for c in conditions if c != NOMINAL}
+    shifted = _families(conditions, families)
     out = {
         "held_out": [c for c, (_, surrogate) in shifted.items() if not surrogate],
         "surrogate": [c for c, (_, surrogate) in shifted.items() if surrogate],
@@ -93,8 +104,26 @@ def groups(conditions: Sequence[str], families: Mapping[str, tuple[str, bool]] |
     return {k: v for k, v in out.items() if v}
 
 
-def _episode(ep: Mapping[str, Any], monitor: str, nominal: bool) -> protocol.Episode:
-    return protocol.Episode(scores_of(ep)[monitor], _onsets(ep), nominal, busy=np.asarray(ep["busy"]))
+def _episode(ep: Mapping[str, Any], monitor: str, nominal: bool, family: str = "") -> protocol.Episode:
+    return protocol.Episode(scores_of(ep)[monitor], _onsets(ep), nominal, busy=np.asarray(ep["busy"]), family=family)
+
+
+WEIGHTING = {"families": "families equal", "episodes": "episodes pooled"}  # a table's "weighting", by cfg.pooling
+
+
+def _family_counts(
+    shifted: Sequence[protocol.Episode], cfg: protocol.ProtocolConfig, ttms: Sequence[int]
+) -> dict[str, dict[str, Any]]:
+    """{family: {"misbehaving_episodes", "weight" (each episode's, protocol.family_weights), "scored_windows":
+    {str(TTM): the windows scored}}} of a group's shifted episodes."""
+    weights = protocol.family_weights(shifted, cfg)
+    windows = protocol.scored_windows(shifted, ttms, cfg)
+    out: dict[str, dict[str, Any]] = {}
+    for e, w in zip(shifted, weights, strict=True):
+        entry = out.setdefault(e.family, {"misbehaving_episodes": 0, "weight": float(w)})
+        entry["misbehaving_episodes"] += 1
+        entry["scored_windows"] = windows[e.family]
+    return out
 
 
 def prediction(
@@ -113,7 +142,9 @@ def prediction(
     `rows.Row.to_dict` writes them; with the headline's `level` and `ttm`: {group: {"nulls": {monitor: ...}}}, each
     monitor's two null controls through the same pipeline at that level and TTM (drive/studies/misbehaviour/nulls.py),
     and, under a protocol other than the field's, {group: {"field": {monitor: row dict}}}, the field's rules beside
-    ours. `families` as `groups` takes them."""
+    ours. `families` as `groups` takes them. Each group's shifted episodes are pooled over families, each family
+    weighted equally (cfg.pooling; the table's "weighting" says which, "families" gives per family the misbehaving
+    episodes, their weight and the windows scored per TTM)."""
     if (level is None) != (ttm is None):
         raise ValueError(f"prediction: the headline needs both a level and a TTM, got {level} and {ttm}")
     headline = level is not None and ttm is not None
@@ -122,12 +153,17 @@ def prediction(
     misbehaving = sum(1 for ep in nominal_eps if _onsets(ep))
     out: dict[str, Any] = {"nominal_episodes": len(nominal_eps), "nominal_misbehaving": misbehaving, "groups": {}}
     monitors = list(scores_of(nominal_eps[0])) if nominal_eps else []
-    for group, conditions in groups(list(cells), families).items():
-        shifted = [ep for c in conditions for ep in cells[c]["episodes"] if _onsets(ep)]
+    named = _families(list(cells), families)
+    for group, conditions in groups(list(cells), named).items():
+        shifted = [(ep, named[c][0]) for c in conditions for ep in cells[c]["episodes"] if _onsets(ep)]
         table: dict[str, Any] = {
             "conditions": conditions,
             "misbehaving_episodes": len(shifted),
-            "misbehaviours": sum(len(_onsets(ep)) for ep in shifted),
+            "misbehaviours": sum(len(_onsets(ep)) for ep, _ in shifted),
+            "weighting": WEIGHTING[cfg.pooling],
+            "families": _family_counts([_episode(ep, monitors[0], False, f) for ep, f in shifted], cfg, ttms)
+            if monitors
+            else {},
             "monitors": {},
         }
         if headline:
@@ -136,7 +172,7 @@ def prediction(
             table["field"] = {}
         for monitor in monitors if shifted else ():
             episodes = [_episode(ep, monitor, True) for ep in nominal_eps]
-            episodes += [_episode(ep, monitor, False) for ep in shifted]
+            episodes += [_episode(ep, monitor, False, name) for ep, name in shifted]
             try:
                 rows = protocol.evaluate(episodes, cfg, levels, ttms, n_boot, seed)
             except ValueError as exc:  # too few nominal windows (every nominal run misbehaves): nothing to fit on

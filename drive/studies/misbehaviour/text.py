@@ -58,7 +58,8 @@ def labels(controllers: Sequence[str]) -> dict[str, str]:
 
 def prediction_table(results: dict[str, Any], group: str) -> list[str]:
     """The group's table at the plan's level and TTM: per controller and monitor the misbehaviours and, in brackets,
-    the windows scored at that TTM (the rest start too early or overlap an earlier misbehaviour); the null controls
+    the windows scored at that TTM (the rest start too early or overlap an earlier misbehaviour; counted, not
+    weighted: the figures weight each family equally, `pooling_note`); the null controls
     beside each monitor; where the run kept the field's rules' figures beside ours (drive/studies/
     misbehaviour_report.py `prediction`), their F3 and AUROC in two more columns."""
     plan = results["plan"]
@@ -98,13 +99,70 @@ def prediction_table(results: dict[str, Any], group: str) -> list[str]:
                 f = Row.from_dict(field) if field else None
                 theirs += f" {_row_ci(f, 'f3')} | {_row_ci(f, 'auroc')} |" if f else " – | – |"
             shown = f"**{monitor}** (declared)" if monitor == plan.get("gate_signal") else monitor
-            scored = round(row.value.tp + row.value.fn)  # the windows scored at this TTM
+            scored = _scored(table, plan["ttm"], row)  # the windows scored at this TTM
             lines.append(
                 f"| {name[controller]} | {shown} | {table['misbehaviours']} ({scored}) | "
                 f"{_row_ci(row, 'recall')} | {_row_ci(row, 'fpr', '.3f')} | {_row_ci(row, 'f3')} | "
                 f"{_row_ci(row, 'auroc')} | {_row_ci(row, 'median_lead_s', '.1f')} |{theirs}"
             )
     return lines if len(lines) > 2 else ["No misbehaviour in these families for any controller: nothing to predict."]
+
+
+def _scored(table: dict[str, Any], ttm: int, row: Row) -> int:
+    """The windows a group's table scored at `ttm`: summed over its families; TP + FN in results written before
+    the families were counted (they pooled episodes, every window weighing 1)."""
+    families = table.get("families")
+    if families:
+        return sum(int(f["scored_windows"][str(ttm)]) for f in families.values())
+    return round(row.value.tp + row.value.fn)
+
+
+def pooling_note(results: dict[str, Any], group: str) -> str:
+    """One sentence on how the group's figures pool its families, from its tables' "weighting"."""
+    tables = [e.get("prediction", {}).get("groups", {}).get(group) or {} for e in results["controllers"].values()]
+    said = {t.get("weighting") for t in tables if t}
+    if "families equal" in said:
+        beside = " The field's rules' columns pool episodes." if any(t.get("field") for t in tables) else ""
+        return (
+            "Pooled over families, each family weighted equally: a family's misbehaving episodes share one "
+            "family's weight, so a family with more of them counts no more (TP, FN, AUROC, AUPRC and lead times "
+            "weighted; false positives count every nominal window once); the bootstrap resamples within each "
+            "family." + beside
+        )
+    if "episodes pooled" in said:
+        return "Pooled over episodes (the field's rules): a family with more misbehaving episodes weighs more."
+    if said:
+        return "Pooled over episodes (scored before the families were weighted equally)."
+    return ""
+
+
+def family_table(results: dict[str, Any]) -> list[str]:
+    """Per controller and family of the pooled groups (held_out, surrogate): the misbehaving episodes, each one's
+    weight in its group and the windows scored at each TTM; [] where the results hold no such counts."""
+    ttms = results["plan"]["ttms"]
+    name = labels(list(results["controllers"]))
+    rows = [
+        f"| {name[controller]} | {group} | {family} | {f['misbehaving_episodes']} | {f['weight']:.3g} | "
+        + " | ".join(str(f["scored_windows"].get(str(t), "–")) for t in ttms)
+        + " |"
+        for controller, entry in results["controllers"].items()
+        for group in ("held_out", "surrogate")
+        for family, f in (
+            (entry.get("prediction", {}).get("groups", {}).get(group) or {}).get("families") or {}
+        ).items()
+    ]
+    if not rows:
+        return []
+    return [
+        "Scored windows per family and controller (the pooled figures weight each family equally: weight = each "
+        "misbehaving episode's weight in its group):",
+        "",
+        "| controller | group | family | misbehaving episodes | weight | "
+        + " | ".join(f"scored windows, TTM {t} s" for t in ttms)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(ttms),
+        *rows,
+    ]
 
 
 def _null_cells(controls: dict[str, Any] | None) -> str:
@@ -233,7 +291,16 @@ def headline(results: dict[str, Any]) -> str:
         f"held-out shift families, TTM {plan['ttm']} s, confidence level {plan['level']} "
         "(value [95 % bootstrap interval over episodes]):"
     )
-    return "\n".join([head, *prediction_table(results, "held_out")])
+    note = pooling_note(results, "held_out")
+    families = family_table(results)
+    return "\n".join(
+        [
+            head,
+            *prediction_table(results, "held_out"),
+            *(["", note] if note else []),
+            *(["", *families] if families else []),
+        ]
+    )
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -266,6 +333,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         *prediction_table(results, "surrogate"),
         "",
+        *([pooling_note(results, "surrogate"), ""] if pooling_note(results, "surrogate") else []),
         "## Prevention and its false-alarm cost",
         "",
         f"The fallback ({plan['fallback']}) engages when the controller's epistemic steering variance exceeds "

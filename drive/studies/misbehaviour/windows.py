@@ -15,6 +15,7 @@ AGGREGATES = ("max", "mean")
 THRESHOLD_FITS = ("gamma", "quantile")
 SCORINGS = ("alike", "field")
 THRESHOLD_SPLITS = ("halves", "in_sample")
+POOLINGS = ("families", "episodes")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class Episode:
     """a nominal run (no shift): its windows count FP / TN, its own misbehaviours are never TP / FN"""
     busy: np.ndarray | None = field(default=None, repr=False)
     """(T,) bool, steps inside a misbehaviour; None: only the onset steps"""
+    family: str = ""
+    """a shifted run's shift family: pooled over several, each family weighs the same (ProtocolConfig.pooling);
+    ignored on nominal runs"""
 
     def __post_init__(self) -> None:
         scores = np.asarray(self.scores, np.float64)
@@ -67,6 +71,10 @@ class ProtocolConfig:
     """a window holding more labelled frames than this is not scorable (the field: 2)"""
     lead_horizon_s: float = 3.0
     """the lead time looks this far back before each onset (s); a nominal run's windows in it are left out"""
+    pooling: Literal["families", "episodes"] = "families"
+    """how shifted runs of several families are pooled: families (each family's runs weigh the same in total, the
+    bootstrap resamples within each family) or episodes (every run weighs 1, one stratum: a family with more
+    misbehaving runs weighs more); with one family the two are the same"""
 
     def __post_init__(self) -> None:
         if self.aggregate not in AGGREGATES or self.threshold_fit not in THRESHOLD_FITS or self.fps < 1:
@@ -75,6 +83,8 @@ class ProtocolConfig:
             raise ValueError(
                 f"ProtocolConfig: scoring in {SCORINGS}, threshold_split in {THRESHOLD_SPLITS}, warmup_s >= 0"
             )
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"ProtocolConfig: pooling in {POOLINGS}, got {self.pooling!r}")
         if self.smooth and self.scoring == "field":
             raise ValueError("ProtocolConfig: smooth is for scoring 'alike'; 'field' smooths the nominal side only")
 
@@ -84,7 +94,8 @@ class ProtocolConfig:
 
 
 DEFAULTS = ProtocolConfig()
-FIELD = ProtocolConfig(scoring="field", threshold_split="in_sample", warmup_s=0.0)  # the field's rules
+# the field's rules; their code scores one simulation at a time, so pooling is ours: there every episode weighs 1
+FIELD = ProtocolConfig(scoring="field", threshold_split="in_sample", warmup_s=0.0, pooling="episodes")
 
 
 def aggregate(windows: np.ndarray, how: str) -> np.ndarray:  # (K, W) -> (K,)
@@ -166,6 +177,11 @@ def lead_horizons(ep: Episode, cfg: ProtocolConfig) -> list[tuple[int, np.ndarra
     return out
 
 
-def lead_steps(horizons: Iterable[tuple[int, np.ndarray]], threshold: float) -> list[int]:
-    """Per misbehaviour whose score reaches `threshold` in its horizon: the steps from the first crossing to onset."""
-    return [lead - int(np.searchsorted(run, threshold)) for lead, run in horizons if len(run) and run[-1] >= threshold]
+def lead_steps(horizons: Iterable[tuple[int, np.ndarray]], threshold: float) -> list[tuple[int, int]]:
+    """Per misbehaviour whose score reaches `threshold` in its horizon: (its index in `horizons`, the steps from the
+    first crossing to onset)."""
+    return [
+        (k, lead - int(np.searchsorted(run, threshold)))
+        for k, (lead, run) in enumerate(horizons)
+        if len(run) and run[-1] >= threshold
+    ]
