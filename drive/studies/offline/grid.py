@@ -222,12 +222,21 @@ def _command(grid: Grid, controller: str, seed: int, run_dir: Path, sets: list[s
     return shlex.join(words)
 
 
+DISPLAY_ONLY = ("--progress", "--no-progress")  # flags that change what is shown, never what is trained
+
+
+def _run_words(command: str) -> list[str]:
+    """A train command's words as a run is identified by them: portable paths, display-only flags left out (a run
+    trained with --no-progress is the run the grid would train)."""
+    return [w for w in shlex.split(portable_command(command)) if w not in DISPLAY_ONLY]
+
+
 def cell_state(cell: Cell) -> str:
     """Cell state: "done" (metrics.json), "partial" (resume.pt) or "new"; a run dir of another command is an error."""
     config = cell.run_dir / "config.json"
     if config.is_file():
         recorded = json.loads(config.read_text()).get("command")
-        if recorded is not None and portable_command(recorded) != portable_command(cell.command):
+        if recorded is not None and _run_words(recorded) != _run_words(cell.command):
             raise UserError(f"{cell.run_dir} holds a run of another command ({recorded!r}); use another --out")
     if (cell.run_dir / "metrics.json").is_file():
         return "done"
