@@ -7,7 +7,7 @@
 Rows: gymnasium's stock CarRacing-v3 (pygame renderer), our pixel env (`make_carracing`, fast renderer) and EnvPool's
 CarRacing-v2 (one env, one thread; run in a subprocess of `--envpool-python`, so it may live in another venv, and
 skipped with a note where it does not import), all three on the same pre-drawn random actions and again on the
-expert's laps replayed open loop (drive/studies/closedloop/rows.py says why both), in `--rounds` rounds that
+expert's laps replayed open loop (drive/studies/closedloop/envs.py says why both), in `--rounds` rounds that
 alternate their order; then `drive collect --envs 0` (one car per process) on 1 worker, in `--rounds` rounds
 alternating with `--envs 4` (`--collect-envs`), and on 2 workers; `drive eval` of a trained controller with K = 1, 4,
 16, 32, 64 cars per process (`--envs K`), and the best K again on 2 workers. First, untimed and printed as
@@ -50,6 +50,8 @@ from datasets.root import portable
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER, SHIPPED_HINT
 from drive.options import NonNegativeInt, PositiveInt
+from drive.studies.closedloop.envs import Row, measure_envs, warm_up
+from drive.studies.closedloop.loops import best_eval, measure_loops, warm_up_loops
 from drive.studies.closedloop.ratios import (
     TARGETS,
     network_ceiling,
@@ -58,14 +60,6 @@ from drive.studies.closedloop.ratios import (
     verdict,
 )
 from drive.studies.closedloop.report import controller_calls, print_ceilings, print_tables
-from drive.studies.closedloop.rows import (
-    Row,
-    best_eval,
-    measure_envs,
-    measure_loops,
-    warm_up,
-    warm_up_loops,
-)
 from drive.studies.closedloop.stages import timed_stages
 
 

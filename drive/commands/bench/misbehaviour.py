@@ -104,9 +104,10 @@ def run(cfg: Config) -> int:
     from drive.loop.pool import check_ray
     from drive.loop.seeds import parse_seeds
     from drive.perturb.registry import parse_shift  # the simulator, OpenCV and torch: not for `--help`
+    from drive.studies.misbehaviour.figures import write_report
     from drive.studies.misbehaviour.grid import Plan, RunSettings, run_plan
     from drive.studies.misbehaviour.records import load_monitors
-    from drive.studies.misbehaviour.text import headline, write_report
+    from drive.studies.misbehaviour.text import headline
 
     if not cfg.ckpt:
         raise UserError("give at least one --ckpt")
@@ -159,8 +160,9 @@ def run(cfg: Config) -> int:
 
 
 def _from_records(cfg: Config, folder: Path, plan: Plan) -> int:
+    from drive.studies.misbehaviour.figures import write_report
     from drive.studies.misbehaviour.grid import score_records
-    from drive.studies.misbehaviour.text import headline, write_report
+    from drive.studies.misbehaviour.text import headline
 
     start, cpu0 = time.perf_counter(), _cpu_s()
     results = score_records(folder, plan)

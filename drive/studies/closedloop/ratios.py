@@ -2,7 +2,7 @@
 issue's targets, the range each spans round by round, and the verdict that range allows.
 
 A loop row (collect, eval) is divided by our env as measured beside it (`detail["beside"]`, from
-drive/studies/closedloop/rows.py's `bare_env`: in each collect round, and just before and after each eval run),
+drive/studies/closedloop/envs.py's `bare_env`: in each collect round, and just before and after each eval run),
 where the run has that measurement; otherwise by the env row of the same stream, measured minutes earlier.
 `renderer_driving_over_renderer` is the ceiling of every loop ratio against random actions: what the expert's laps
 cost our env per step against random actions, so what collect or eval could reach there with a free controller.
@@ -10,7 +10,8 @@ cost our env per step against random actions, so what collect or eval could reac
 
 from __future__ import annotations
 
-from drive.studies.closedloop.rows import Row, best_eval
+from drive.studies.closedloop.envs import Row
+from drive.studies.closedloop.loops import best_eval
 
 TARGETS = {"renderer_over_envpool": 1.0, "collect1_over_renderer": 0.9, "eval_best_over_renderer": 0.8,
            "collect2_over_collect1": 1.7, "renderer_over_envpool_driving": 1.0,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from drive.studies.closedloop.envs import Row
 from drive.studies.closedloop.ratios import TARGETS, beside_rate, verdict
-from drive.studies.closedloop.rows import Row
 
 
 class CallsConfig(Protocol):

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from drive.studies.closedloop.rows import LoopRowsConfig, collect_run, eval_row
+from drive.studies.closedloop.loops import LoopRowsConfig, collect_run, eval_row
 
 Stage = tuple[int, str, str, str]  # (depth, label, module, attribute path within it)
 

@@ -11,7 +11,7 @@ import pytest
 
 from drive.cli import main
 from drive.commands.bench import closedloop
-from drive.studies.closedloop import rows as closedloop_envs
+from drive.studies.closedloop import envs as closedloop_envs
 
 ROWS = ("stock", "renderer", "envpool", "stock_driving", "renderer_driving", "envpool_driving", "state_driving",
         "collect1", "collect1_k4", "collect2", "eval_k1", "eval_k2", "eval2")  # fmt: skip
@@ -163,7 +163,7 @@ def test_a_collect_row_of_zero_cars_is_refused_in_one_line(capsys):
 def test_round_ranges_bracket_each_ratio_and_pair_env_rows_by_round():
     """Env rows pair round by round, a collect or eval row meets each round of its env row; the ratio of the sums
     lies in the range; a skipped row gives no range."""
-    from drive.studies.closedloop.rows import Row
+    from drive.studies.closedloop.envs import Row
 
     def env(label: str, cpu: list[float]) -> Row:  # 100 steps per round
         return Row(
@@ -188,7 +188,7 @@ def test_round_ranges_bracket_each_ratio_and_pair_env_rows_by_round():
 def test_loop_ratios_divide_by_our_env_measured_beside_them():
     """A loop row with `beside` measurements is divided by them (summed), its rounds paired with theirs; without,
     by the env row; the network ceiling is env / (env + call / K) on the laps beside the best eval row."""
-    from drive.studies.closedloop.rows import Row
+    from drive.studies.closedloop.envs import Row
 
     def env(label: str, cpu: list[float]) -> Row:  # 100 steps per round
         return Row(

@@ -161,7 +161,7 @@ def test_seeds_of_one_controller_become_a_mean_with_an_interval_and_differences_
     p = b["prevention"]["prevented"]["p_vs"]["r/a/seed*/best.pt"]
     assert p == a["prevention"]["prevented"]["p_vs"]["r/b/seed*/best.pt"] and p < 0.05  # every pair, both ways
     assert "Welch's p, share of misbehaviours prevented" in table and f"| a/seed*/best.pt |  | {p:.3f} * |" in table
-    from drive.studies.misbehaviour.text import plot_seeds
+    from drive.studies.misbehaviour.figures import plot_seeds
 
     assert (
         plot_seeds(results, tmp_path / "seeds.png") == tmp_path / "seeds.png"
