@@ -48,7 +48,7 @@ UNBOUNDED = (-math.inf, math.inf)
 BOUNDS: dict[str, tuple[float, float]] = {
     **dict.fromkeys(
         "f1 f3 precision recall fpr auroc laps completion coverage_90 coverage90_steer handed_over "
-        "handed_over_benign handed_over_nominal fallback_fraction".split(),
+        "handed_over_benign handed_over_nominal fallback_fraction episodes_prevented".split(),
         UNIT,
     ),
     **dict.fromkeys(

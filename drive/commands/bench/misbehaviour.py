@@ -4,9 +4,10 @@
     drive bench misbehaviour --ckpt checkpoints/carracing_nsac.pt --selforacle runs/selforacle.pt --out runs/mb
 
 Per controller: nominal runs on --nominal-seeds (the false-positive windows and the thresholds) and one cell per
---shifts condition on --seeds, then, with --fallback, every condition again with the fallback engaged at the
-threshold the protocol fits at --level. Monitors: the controller's own uncertainty signals, SelfOracle (with
---selforacle) and ThirdEye (Grad-CAM of the controller). Scored per monitor x confidence level x TTM in {1, 2, 3} s
+--shifts condition on --seeds, then, for each --fallback mode (slow, the headline; expert, an oracle bound), every
+condition again with the fallback engaged at the threshold the protocol fits at --level. Monitors: the controller's
+own uncertainty signals, SelfOracle (with --selforacle) and ThirdEye (Grad-CAM of the controller). Scored per
+monitor x confidence level x TTM in {1, 2, 3} s
 (precision, recall, FPR, F1, F3, AUROC, AUPRC, lead time, 95 % bootstrap intervals over episodes;
 drive/studies/misbehaviour/protocol.py: by default windows scored alike on both sides, the first second of every run
 unscored, thresholds fitted on one half of the nominal runs and counted on the other; `--protocol field` scores by the
@@ -64,9 +65,10 @@ class Config:
     """a SelfOracle checkpoint (drive monitor train); without it no SelfOracle column"""
     thirdeye: bool = True
     """ThirdEye scores (Grad-CAM of each controller's steering on its newest frame)"""
-    fallback: Literal["off", "expert", "slow"] = "expert"
-    """prevention: rerun every condition with this fallback at the --level threshold (off: prediction only); slow
-    uses nothing privileged, expert hands over to the PPO expert (which drives from privileged state: an oracle)"""
+    fallback: tuple[Literal["off", "slow", "expert"], ...] = ("slow", "expert")
+    """prevention: rerun every condition with each fallback at the --level threshold, the first the headline (off:
+    prediction only); slow uses nothing privileged, expert hands over to the PPO expert (which drives from
+    privileged state: an oracle bound)"""
     gate_signal: Literal["epistemic_sum", "epistemic_steer", "total_steer"] = "epistemic_sum"
     """the declared monitor, chosen before the run: the headline row and the signal the fallback gates on (its
     threshold fitted on every other nominal seed, its false alarms counted on the rest)"""
@@ -122,6 +124,8 @@ def run(cfg: Config) -> int:
     if cfg.selforacle is not None and not cfg.selforacle.is_file():
         raise UserError(f"--selforacle {cfg.selforacle}: no such file (train one: drive monitor train)")
     check_ray(cfg.ray)
+    if "off" in cfg.fallback and len(cfg.fallback) > 1 or len(set(cfg.fallback)) != len(cfg.fallback):
+        raise UserError(f"--fallback {' '.join(cfg.fallback)}: off alone, or slow and/or expert, each once")
     plan = Plan(
         controllers=tuple(str(p) for p in cfg.ckpt),
         shifts=cfg.shifts,

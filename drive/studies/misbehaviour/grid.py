@@ -38,6 +38,7 @@ import numpy as np
 from datasets.files import atomic_write
 from datasets.root import portable
 from drive.loop.evaluate import evaluate_episodes
+from drive.loop.fallback import MODES
 from drive.loop.lanes import episodes_in
 from drive.loop.pool import run_tasks
 from drive.loop.specs import PolicySpec
@@ -198,7 +199,9 @@ class Plan:
     shifts: tuple[str, ...]
     nominal_seeds: tuple[int, ...]
     seeds: tuple[int, ...]
-    fallback: str = "expert"
+    fallback: tuple[str, ...] = ("slow", "expert")
+    """the prevention modes, each its own gated cells; the first is the headline (slow: nothing privileged), the
+    others bounds (expert: the PPO expert drives from privileged state); () or "off": prediction only"""
     level: float = 0.999
     ttm: int = 2
     n_boot: int = 1000
@@ -218,6 +221,11 @@ class Plan:
                 f"Plan: level in (0, 1), a whole ttm >= 1, protocol in {SCORINGS}; got {self.level}, "
                 f"{self.ttm}, {self.protocol!r}"
             )
+        modes = (self.fallback,) if isinstance(self.fallback, str) else tuple(self.fallback)
+        modes = tuple(m for m in modes if m != "off")
+        if len(set(modes)) != len(modes) or not set(modes) <= set(MODES):
+            raise ValueError(f"Plan: fallback modes from {MODES}, each once; got {self.fallback!r}")
+        object.__setattr__(self, "fallback", modes)
         if self.gate_signal not in GATES:
             raise ValueError(f"Plan: gate_signal {self.gate_signal!r}, choose one of {sorted(GATES)}")
         levels = {v for v in self.levels if not same_level(v, self.level)}  # the asked level stands for its equal
@@ -228,11 +236,10 @@ class Plan:
     def protocol_config(self) -> ProtocolConfig:
         return FIELD if self.protocol == "field" else ProtocolConfig()
 
-    @property
-    def gate(self) -> str:
-        """The fallback spec of the prevention cells: the mode, gating on the declared monitor."""
+    def gate(self, mode: str) -> str:
+        """The fallback spec of a mode's prevention cells: the mode, gating on the declared monitor."""
         signal, variance = GATES[self.gate_signal]
-        return f"{self.fallback}:signal={signal},variance={variance}"
+        return f"{mode}:signal={signal},variance={variance}"
 
     @property
     def calibration_seeds(self) -> tuple[int, ...]:
@@ -308,15 +315,18 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
             try:
                 threshold = (
                     report.nominal_threshold(cells[NOMINAL], plan.level, cfg, plan.gate_signal, plan.calibration_seeds)
-                    if plan.fallback != "off"
+                    if plan.fallback
                     else None
                 )
             except ValueError as exc:  # a controller that misbehaves on every nominal run: nothing to gate on
                 entry["fallback_skipped"] = f"no prevention cells: {exc}"
                 threshold = None
-            if threshold is not None:
-                entry["fallback"] = {
-                    "mode": plan.fallback,
+            # an episode whose first misbehaviour comes before its first scorable window at the headline TTM
+            # (warm-up + TTM) failed too early to predict: counted apart, not in the per-episode share prevented
+            early = round(cfg.fps * (cfg.warmup_s + plan.ttm))
+            for mode in plan.fallback if threshold is not None else ():
+                block: dict[str, Any] = {
+                    "mode": mode,
                     "threshold": threshold,
                     "level": plan.level,
                     "signal": plan.gate_signal,
@@ -325,11 +335,12 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
                 }
                 for condition, ungated in cells.items():
                     seeds = plan.false_alarm_seeds if condition == NOMINAL else plan.seeds
-                    gated = cell(Cell(controller, condition, seeds, plan.gate, threshold))
+                    gated = cell(Cell(controller, condition, seeds, plan.gate(mode), threshold))
                     if gated is not None:
-                        entry["fallback"]["conditions"][condition] = report.prevention(
-                            ungated, gated, plan.n_boot, plan.seed
+                        block["conditions"][condition] = report.prevention(
+                            ungated, gated, plan.n_boot, plan.seed, early_steps=early
                         )
+                entry.setdefault("fallbacks", {})[mode] = block
         results["controllers"][controller] = entry
     results["cells_wall_s"] = seconds
     results["over_seeds"] = report.over_seeds(results)
@@ -351,7 +362,7 @@ def score_records(folder: Path, plan: Plan) -> dict[str, Any]:
         plan,
         controllers=tuple(controllers),
         shifts=tuple(conditions),
-        fallback="off",
+        fallback=(),
         nominal_seeds=tuple(seeds[NOMINAL]),
         seeds=tuple(sorted({s for c in conditions for s in seeds[c]})),
     )

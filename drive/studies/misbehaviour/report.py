@@ -15,12 +15,17 @@ the field's (`protocol.FIELD`), each monitor's row at the plan's level and TTM u
 beside ours (`field`), so the report shows both; the field's rules pool episodes (every episode weighs 1: their
 code scores one simulation at a time and says nothing on pooling).
 
-Prevention (cells with the fallback engaged at the nominal threshold of the controller's epistemic steering variance
-at the chosen level), per condition, paired by seed with the ungated cell: misbehaviours without and with the
-fallback and the share prevented, mean return without and with it, and the false-alarm cost: interventions per km
-and the share of steps handed over, on nominal runs and on benign shifts (episodes of shifted conditions in which the
-ungated controller drove without a misbehaviour). Distance: visited tiles x CarRacing's TRACK_DETAIL_STEP (3.5 m).
-Every figure carries a 95 % bootstrap interval over episodes.
+Prevention (cells with the fallback engaged when the declared monitor reaches its nominal threshold at the chosen
+level; one set of cells per fallback mode: `slow`, nothing privileged, the headline, and `expert`, the PPO expert
+driving from privileged state, an oracle bound), per condition, paired by seed with the ungated cell: misbehaviours
+without and with the fallback and the share prevented; per episode, the share of misbehaving episodes that drive
+without one when gated; mean return without and with it; and the false-alarm cost: interventions per km and the
+share of steps handed over, on nominal runs and on benign shifts (episodes of shifted conditions in which the
+ungated controller drove without a misbehaviour). A stall that begins while the gate is engaged is the slow mode
+doing its job — the car stopped rather than leaving the road — so it is counted as a safe stop, not a misbehaviour.
+Episodes whose first ungated misbehaviour comes before their first scorable window (warm-up + TTM) failed too early
+to be predicted: counted apart and left out of the per-episode share. Distance: visited tiles x CarRacing's
+TRACK_DETAIL_STEP (3.5 m). Every figure carries a 95 % bootstrap interval over episodes.
 
 Over training seeds (`over_seeds`): checkpoints whose paths differ only in a `seed<N>` part are one controller trained
 on several seeds. Per such group and monitor, the headline figures (held-out families, the plan's level and TTM) and
@@ -232,12 +237,26 @@ def _interval(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: in
     return {"value": float(value), "low": float(low), "high": float(high)}
 
 
-def prevention(ungated: Mapping[str, Any], gated: Mapping[str, Any], n_boot: int, seed: int) -> dict[str, Any]:
+def _safe_stop(event: Mapping[str, Any], gated: Mapping[str, Any]) -> bool:
+    """A stall that begins while the gate is engaged: the fallback stopped the car (drive/loop/fallback.py)."""
+    t = int(event["t"])
+    return event.get("kind") == "stall" and any(
+        iv["start"] <= t and (iv.get("end") is None or t <= iv["end"]) for iv in gated.get("interventions", [])
+    )
+
+
+def prevention(
+    ungated: Mapping[str, Any], gated: Mapping[str, Any], n_boot: int, seed: int, early_steps: int = 0
+) -> dict[str, Any]:
     """One condition's prevention figures, episodes paired by seed (see the module docstring)."""
     plain = {ep["seed"]: ep for ep in ungated["episodes"]}
     pairs = [(plain[ep["seed"]], ep) for ep in gated["episodes"] if ep["seed"] in plain]
+    kept = [[e for e in b.get("events", []) if not _safe_stop(e, b)] for _, b in pairs]
     before = np.array([len(_onsets(a)) for a, _ in pairs], float)
-    after = np.array([len(_onsets(b)) for _, b in pairs], float)
+    after = np.array([len({int(e["t"]) for e in events}) for events in kept], float)
+    safe_stops = sum(len(b.get("events", [])) - len(events) for (_, b), events in zip(pairs, kept, strict=True))
+    early = np.array([bool(_onsets(a)) and _onsets(a)[0] < early_steps for a, _ in pairs])
+    scorable = (before > 0) & ~early
     ret_a = np.array([a["return"] for a, _ in pairs], float)
     ret_b = np.array([b["return"] for _, b in pairs], float)
     km = np.array([max(b.get("tiles", 0), 1) * TILE_M / 1000 for _, b in pairs])
@@ -253,8 +272,17 @@ def prevention(ungated: Mapping[str, Any], gated: Mapping[str, Any], n_boot: int
         "episodes": n,
         "misbehaviours_without": int(before.sum()),
         "misbehaviours_with": int(after.sum()),
+        "safe_stops": int(safe_stops),
         "prevented": _interval(
             lambda idx: 1 - ratio(after, before)(idx) if before[idx].sum() else math.nan, n, n_boot, seed
+        ),
+        "early_episodes": int(early.sum()),
+        "misbehaving_episodes": int(scorable.sum()),
+        "episodes_prevented": _interval(
+            lambda idx: float((after[idx][scorable[idx]] == 0).mean()) if scorable[idx].any() else math.nan,
+            n,
+            n_boot,
+            seed,
         ),
         "return_without": _interval(lambda idx: float(ret_a[idx].mean()), n, n_boot, seed),
         "return_with": _interval(lambda idx: float(ret_b[idx].mean()), n, n_boot, seed),
@@ -294,6 +322,14 @@ def seed_groups(controllers: Sequence[str]) -> dict[str, list[str]]:
     return {k: v for k, v in out.items() if len(v) > 1}
 
 
+def fallbacks(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """{mode: its prevention block} of a controller's entry, the headline mode first (results written before there
+    were several modes hold one block, `fallback`)."""
+    if "fallbacks" in entry:
+        return dict(entry["fallbacks"])
+    return {entry["fallback"]["mode"]: entry["fallback"]} if entry.get("fallback") else {}
+
+
 def _pooled_prevention(fallback: Mapping[str, Any], conditions: Sequence[str]) -> dict[str, float]:
     rows = [fallback["conditions"][c] for c in conditions if c in fallback["conditions"]]
     before, after = sum(r["misbehaviours_without"] for r in rows), sum(r["misbehaviours_with"] for r in rows)
@@ -301,18 +337,27 @@ def _pooled_prevention(fallback: Mapping[str, Any], conditions: Sequence[str]) -
     handed = sum(r["handed_over_benign"]["value"] * r["benign_episodes"] for r in rows if r["benign_episodes"])
     nominal = fallback["conditions"].get(NOMINAL, {})
     gains = [r["return_with"]["value"] - r["return_without"]["value"] for r in rows]
-    return {
+    out = {
         "prevented": 1 - after / before if before else math.nan,
         "return_gain": float(np.mean(gains)) if gains else math.nan,
         "handed_over_benign": handed / benign if benign else math.nan,
         "handed_over_nominal": nominal.get("handed_over_benign", {}).get("value", math.nan),
         "interventions_per_km_nominal": nominal.get("interventions_per_km", {}).get("value", math.nan),
     }
+    if rows and all("episodes_prevented" in r for r in rows):  # results written before it was counted lack it
+        episodes = sum(r["misbehaving_episodes"] for r in rows)
+        saved = sum(
+            r["episodes_prevented"]["value"] * r["misbehaving_episodes"] for r in rows if r["misbehaving_episodes"]
+        )
+        out["episodes_prevented"] = saved / episodes if episodes else math.nan
+    return out
 
 
 def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
     """{group: {"checkpoints", "misbehaviours" (per seed), "monitors": {monitor: {metric: interval}}, "prevention":
-    {metric: interval}}} for every group of `seed_groups` (see the module docstring)."""
+    {metric: interval} (the headline fallback mode), "prevention_bounds": {mode: {metric: interval}} (the other
+    modes, where the run had several; no tests: they are bounds)}} for every group of `seed_groups` (see the module
+    docstring)."""
     plan, entries = results["plan"], results["controllers"]
     out: dict[str, Any] = {}
     for group, every in seed_groups(list(entries)).items():
@@ -320,7 +365,8 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
         if not members:
             continue
         values: dict[str, dict[str, list[float]]] = {}
-        prevention: dict[str, list[float]] = {}
+        prevention: dict[str, list[float]] = {}  # the headline fallback mode's
+        bounds: dict[str, dict[str, list[float]]] = {}  # the other modes' (expert: an oracle bound), not tested
         misbehaviours = []
         for c in members:
             table = entries[c].get("prediction", {}).get("groups", {}).get("held_out", {})
@@ -329,9 +375,10 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
                 value = pick(rows_of(rows), plan["level"], plan["ttm"]).value
                 for metric in PREDICTION_METRICS:
                     values.setdefault(monitor, {}).setdefault(metric, []).append(getattr(value, metric))
-            if entries[c].get("fallback"):
-                for metric, v in _pooled_prevention(entries[c]["fallback"], table.get("conditions", [])).items():
-                    prevention.setdefault(metric, []).append(v)
+            for i, (mode, block) in enumerate(fallbacks(entries[c]).items()):
+                pooled = _pooled_prevention(block, table.get("conditions", []))
+                for metric, v in pooled.items():
+                    (prevention if i == 0 else bounds.setdefault(mode, {})).setdefault(metric, []).append(v)
         out[group] = {
             "checkpoints": members,
             "not_run": [c for c in every if c not in members],
@@ -339,6 +386,10 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             "monitors": {m: {k: interval(v, bounds_of(k)) for k, v in by.items()} for m, by in values.items()},
             "prevention": {k: interval(v, bounds_of(k)) for k, v in prevention.items()},
         }
+        if bounds:
+            out[group]["prevention_bounds"] = {
+                mode: {k: interval(v, bounds_of(k)) for k, v in by.items()} for mode, by in bounds.items()
+            }
     for name, entry in out.items():  # Welch's p against every other group; the first group is the marked reference
         figures = [(("monitors", m), by) for m, by in entry["monitors"].items()] + [
             (("prevention",), entry["prevention"])

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from drive.studies.misbehaviour.report import figure_at
+from drive.studies.misbehaviour.report import fallbacks, figure_at
 from drive.studies.misbehaviour.rows import Row, pick, rows_of
 from drive.studies.over_seeds import cell_text, holm_marks, holm_note
 
@@ -175,24 +175,29 @@ def _null_cells(controls: dict[str, Any] | None) -> str:
 
 def prevention_table(results: dict[str, Any]) -> list[str]:
     lines = [
-        "| controller | condition | misbehaviours without → with | prevented | return without | return with | "
-        "interventions / km | steps handed over (benign episodes) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| controller | fallback | condition | misbehaviours without → with (safe stops) | prevented | episodes "
+        "prevented (early, apart) | return without | return with | interventions / km | steps handed over "
+        "(benign episodes) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     name = labels(list(results["controllers"]))
     for controller, entry in results["controllers"].items():
-        fb = entry.get("fallback")
         if entry.get("fallback_skipped"):
-            lines.append(f"| {name[controller]} | – | {entry['fallback_skipped']} | – | – | – | – | – |")
-        if not fb:
-            continue
-        for condition, p in fb["conditions"].items():
-            lines.append(
-                f"| {name[controller]} | {condition} | {p['misbehaviours_without']} → "
-                f"{p['misbehaviours_with']} | {_ci(p['prevented'])} | {_ci(p['return_without'], fmt='.0f')} "
-                f"| {_ci(p['return_with'], fmt='.0f')} | {_ci(p['interventions_per_km'])} | "
-                f"{_ci(p['handed_over_benign'], fmt='.3f')} ({p['benign_episodes']}) |"
-            )
+            lines.append(f"| {name[controller]} | – | – | {entry['fallback_skipped']} |" + " – |" * 6)
+        for mode, fb in fallbacks(entry).items():
+            for condition, p in fb["conditions"].items():
+                episodes = (
+                    f"{_ci(p['episodes_prevented'])} of {p['misbehaving_episodes']} ({p['early_episodes']})"
+                    if "episodes_prevented" in p
+                    else "–"
+                )
+                lines.append(
+                    f"| {name[controller]} | {mode} | {condition} | {p['misbehaviours_without']} → "
+                    f"{p['misbehaviours_with']} ({p.get('safe_stops', 0)}) | {_ci(p['prevented'])} | {episodes} | "
+                    f"{_ci(p['return_without'], fmt='.0f')} | {_ci(p['return_with'], fmt='.0f')} | "
+                    f"{_ci(p['interventions_per_km'])} | {_ci(p['handed_over_benign'], fmt='.3f')} "
+                    f"({p['benign_episodes']}) |"
+                )
     return lines
 
 
@@ -221,23 +226,25 @@ def seeds_table(results: dict[str, Any]) -> list[str]:
     lines += ["", _holm_note([(g, m, k, s) for g, e in groups.items() for m, by in e["monitors"].items()
                               for k, s in by.items()], name, groups)]  # fmt: skip
     prevention = {g: e["prevention"] for g, e in groups.items() if e["prevention"]}
+    keys = ("prevented", "episodes_prevented", "return_gain", "handed_over_benign", "handed_over_nominal",
+            "interventions_per_km_nominal")  # fmt: skip
+    header = [
+        "| controller | fallback | prevented (held-out, pooled) | misbehaving episodes prevented | return gained "
+        "(held-out mean) | steps handed over, benign shifted episodes | steps handed over, nominal | interventions "
+        "/ km, nominal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     if prevention:
-        lines += [
-            "",
-            "| controller | prevented (held-out, pooled) | return gained (held-out mean) | steps handed "
-            "over, benign shifted episodes | steps handed over, nominal | interventions / km, nominal |",
-            "|---|---|---|---|---|---|",
-        ]
+        mode = _headline_mode(results)
+        lines += ["", *header]
         for group, by in prevention.items():
-            keys = (
-                "prevented",
-                "return_gain",
-                "handed_over_benign",
-                "handed_over_nominal",
-                "interventions_per_km_nominal",
-            )
-            lines.append(f"| {name[group]} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
+            lines.append(f"| {name[group]} | {mode} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
         lines += ["", _holm_note([(g, "", k, s) for g, by in prevention.items() for k, s in by.items()], name, groups)]
+    bounds = [(g, m, by) for g, e in groups.items() for m, by in e.get("prevention_bounds", {}).items()]
+    if bounds:
+        lines += ["", "The other fallback modes (bounds, untested: expert drives from privileged state):", "", *header]
+        for group, mode, by in bounds:
+            lines.append(f"| {name[group]} | {mode} | " + " | ".join(cell_text(by.get(k)) for k in keys) + " |")
     return lines + pairwise(groups, name)
 
 
@@ -276,6 +283,16 @@ def pairwise(groups: dict[str, Any], name: dict[str, str]) -> list[str]:
         kept = [f"{name[g]} – {name[h]}" for (g, h), mark in zip(pairs, marks, strict=True) if mark]
         lines += ["", holm_note(sum(q is not None for q in adjusted), kept, "pairs")]
     return lines
+
+
+def _modes(plan: dict[str, Any]) -> str:
+    """The run's fallback modes as written, the headline first (a single string in results written before)."""
+    modes = plan.get("fallback") or ()
+    return modes if isinstance(modes, str) else ", ".join(modes) or "off"
+
+
+def _headline_mode(results: dict[str, Any]) -> str:
+    return _modes(results["plan"]).split(", ")[0]
 
 
 def _p(p: float | None, survives: bool) -> str:
@@ -333,8 +350,12 @@ def markdown(results: dict[str, Any]) -> str:
         *([pooling_note(results, "surrogate"), ""] if pooling_note(results, "surrogate") else []),
         "## Prevention and its false-alarm cost",
         "",
-        f"The fallback ({plan['fallback']}) engages when the controller's epistemic steering variance exceeds "
-        f"the protocol's threshold at level {plan['level']} on nominal runs.",
+        f"The fallback ({_modes(plan)}) engages when the declared monitor "
+        f"({plan.get('gate_signal', 'epistemic_steer')}) reaches its threshold at level {plan['level']}, fitted on "
+        "every other nominal seed; the gated nominal runs drive the others. slow uses nothing privileged (a stall "
+        "while engaged is a safe stop, counted apart); expert hands over to the PPO expert, which drives from "
+        "privileged state: an oracle bound. Episodes that misbehave before their first scorable window are counted "
+        "apart (early).",
         "",
         *prevention_table(results),
         "",

@@ -61,8 +61,10 @@ def test_a_plugged_in_shift_is_benchmarked_and_a_killed_run_resumes_to_the_same_
         assert (
             row["low"]["fpr"] <= row["value"]["fpr"] <= row["high"]["fpr"] or row["value"]["fpr"] != row["value"]["fpr"]
         )
-    prevention = entry["fallback"]["conditions"]
-    assert set(prevention) == {"nominal", "userveil:veil:0.97"}
+    assert list(entry["fallbacks"]) == ["slow", "expert"]  # the headline mode first, the oracle bound after
+    for mode in ("slow", "expert"):
+        assert set(entry["fallbacks"][mode]["conditions"]) == {"nominal", "userveil:veil:0.97"}
+    assert "| carracing_nsac.pt | slow | userveil:veil:0.97 |" in (whole / "results.md").read_text()
     assert "| carracing_nsac.pt | epistemic_steer |" in (whole / "results.md").read_text()
 
     # the same benchmark killed once its first cell is on disk, then rerun: the same results
@@ -76,7 +78,7 @@ def test_a_plugged_in_shift_is_benchmarked_and_a_killed_run_resumes_to_the_same_
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done = len(list(killed.glob("cells/*/*.npz")))
-    assert 1 <= done < 4 and not (killed / "results.json").exists(), done
+    assert 1 <= done < 6 and not (killed / "results.json").exists(), done
     assert main(_args(killed)) == 0
     assert _stable(json.loads((killed / "results.json").read_text())) == _stable(results)
 
@@ -126,7 +128,7 @@ def _controller(f3: float, prevented_with: int) -> dict:
     }}  # fmt: skip
     return {"prediction": {"groups": {"held_out": {"conditions": ["blur:4"], "misbehaviours": 10,
                                                    "monitors": {"epistemic_steer": [row]}}}},
-            "fallback": fallback}  # fmt: skip
+            "fallbacks": {"slow": fallback}}  # fmt: skip
 
 
 def test_seeds_of_one_controller_become_a_mean_with_an_interval_and_differences_are_tested(tmp_path):
@@ -189,10 +191,10 @@ def test_a_controller_that_misbehaves_on_every_nominal_run_gets_no_prevention_ce
                   [record(s) for s in seeds], 1.0)  # fmt: skip
     results = run_plan(tmp_path, plan, RunSettings(progress=False), run_missing=False)
     entry = results["controllers"]["runs/der.pt"]
-    assert "fallback" not in entry
+    assert "fallbacks" not in entry
     assert "(1 of the 1 nominal runs it is fitted on misbehave)" in entry["fallback_skipped"]
     assert entry["prediction"]["nominal_misbehaving"] == 2
-    assert "| der.pt | – | no prevention cells: too few nominal windows" in "\n".join(prevention_table(results))
+    assert "| der.pt | – | – | no prevention cells: too few nominal windows" in "\n".join(prevention_table(results))
 
 
 def test_the_headline_level_and_ttm_are_scored_and_the_fields_rules_shown_beside_ours(tmp_path, capsys):
@@ -257,7 +259,8 @@ def test_the_gate_reads_the_declared_monitor_fitted_on_half_the_nominal_seeds(tm
 
     plan = Plan(controllers=("runs/a.pt",), shifts=("blur:4",), nominal_seeds=tuple(range(8)), seeds=(10, 11, 12),
                 fallback="slow", n_boot=5, level=0.9)  # fmt: skip
-    assert plan.gate == "slow:signal=sum,variance=epistemic" and plan.calibration_seeds == (0, 2, 4, 6)
+    assert plan.fallback == ("slow",) and plan.calibration_seeds == (0, 2, 4, 6)
+    assert plan.gate("slow") == "slow:signal=sum,variance=epistemic"
     cells = {}
     for condition, seeds in (("nominal", plan.nominal_seeds), ("blur:4", plan.seeds)):
         cells[condition] = [record(s, condition != "nominal") for s in seeds]
@@ -267,12 +270,50 @@ def test_the_gate_reads_the_declared_monitor_fitted_on_half_the_nominal_seeds(tm
     real = misbehaviour.cell_path
     monkeypatch.setattr(misbehaviour, "cell_path", lambda out, c: asked.append(c) or real(out, c))
     results = run_plan(tmp_path, plan, RunSettings(progress=False), run_missing=False)
-    gate = results["controllers"]["runs/a.pt"]["fallback"]
+    gate = results["controllers"]["runs/a.pt"]["fallbacks"]["slow"]
     nominal = {"episodes": cells["nominal"]}
     assert gate["signal"] == "epistemic_sum" and gate["calibrated_on"] == [0, 2, 4, 6]
     assert gate["threshold"] == nominal_threshold(nominal, 0.9, plan.protocol_config, "epistemic_sum", (0, 2, 4, 6))
     assert gate["threshold"] < nominal_threshold(nominal, 0.9, plan.protocol_config, "epistemic_sum")  # odd: higher
     gated = {c.condition: c for c in asked if c.fallback != "off"}
     assert gated["nominal"].seeds == (1, 3, 5, 7) and gated["blur:4"].seeds == plan.seeds
-    assert {c.fallback for c in gated.values()} == {plan.gate}
+    assert {c.fallback for c in gated.values()} == {plan.gate("slow")}
     assert "**epistemic_sum** (declared)" in "\n".join(prediction_table(results, "held_out"))
+
+
+def test_prevention_counts_a_stall_under_the_slow_gate_as_a_safe_stop_and_early_failures_apart():
+    """Per episode, paired by seed: a stall that begins while the gate is engaged is the slow fallback stopping the
+    car (a safe stop, not a misbehaviour); an episode whose first misbehaviour comes before its first scorable
+    window is counted apart and left out of the per-episode share prevented."""
+    from drive.studies.misbehaviour.report import prevention
+
+    def ep(seed: int, events: list, interventions: list | None = None) -> dict:
+        return {"seed": seed, "return": 100.0, "events": [{"kind": k, "t": t} for k, t in events], "tiles": 50,
+                "n_interventions": len(interventions or []), "interventions": interventions or []}  # fmt: skip
+
+    ungated = {"episodes": [ep(1, [("off_track", 400)]), ep(2, [("off_track", 500)]), ep(3, [("spin", 60)]),
+                            ep(4, [])]}  # fmt: skip
+    gated = {"episodes": [
+        ep(1, [("stall", 380)], [{"start": 350, "end": None}]),  # stopped safely under the gate
+        ep(2, [("off_track", 520)], [{"start": 300, "end": 320}]),  # engaged, released, then off the road
+        ep(3, [("spin", 60)]),  # failed in its second second: before any scorable window at TTM 2
+        ep(4, [("stall", 200)]),  # a stall without the gate: a misbehaviour the gate caused or missed
+    ]}  # fmt: skip
+    p = prevention(ungated, gated, n_boot=20, seed=0, early_steps=150)
+    assert (p["misbehaviours_without"], p["misbehaviours_with"], p["safe_stops"]) == (3, 3, 1)
+    assert p["prevented"]["value"] == 0.0
+    assert (p["early_episodes"], p["misbehaving_episodes"]) == (1, 2)
+    assert p["episodes_prevented"]["value"] == 0.5  # seed 1 of seeds 1 and 2
+    assert p["benign_episodes"] == 1
+
+
+def test_the_fallback_modes_are_checked_once_before_any_driving(capsys):
+    from drive.cli import main
+    from drive.studies.misbehaviour.grid import Plan
+
+    plan = Plan(controllers=("a.pt",), shifts=(), nominal_seeds=(1,), seeds=(2,), fallback="off")
+    assert plan.fallback == ()
+    with pytest.raises(ValueError, match="fallback modes"):
+        Plan(controllers=("a.pt",), shifts=(), nominal_seeds=(1,), seeds=(2,), fallback=("slow", "slow"))
+    assert main(["bench", "misbehaviour", "--out", "x", "--fallback", "off", "slow"]) == 2
+    assert "--fallback off slow: off alone, or slow and/or expert" in capsys.readouterr().err
