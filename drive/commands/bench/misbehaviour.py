@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from drive.errors import UserError
-from drive.options import NonNegativeInt, OpenUnit, PositiveInt, Workers
+from drive.options import NonNegativeInt, OpenUnit, PositiveFloat, PositiveInt, Workers
 
 if TYPE_CHECKING:
     from drive.studies.misbehaviour.grid import Plan
@@ -72,6 +72,9 @@ class Config:
     gate_signal: Literal["epistemic_sum", "epistemic_steer", "total_steer"] = "epistemic_sum"
     """the declared monitor, chosen before the run: the headline row and the signal the fallback gates on (its
     threshold fitted on every other nominal seed, its false alarms counted on the rest)"""
+    gate_budget: PositiveFloat | None = None
+    """the gate's false-alarm budget in hand-overs per km: its threshold the lowest at which the gate, replayed on
+    the calibration seeds' nominal runs, engages at most this often (default: the threshold at --level)"""
     level: OpenUnit = 0.999
     """the confidence level (below 1) of the headline table and of the fallback's threshold"""
     ttm: PositiveInt = 2
@@ -138,6 +141,7 @@ def run(cfg: Config) -> int:
         seed=cfg.seed,
         protocol=cfg.protocol,
         gate_signal=cfg.gate_signal,
+        gate_budget=cfg.gate_budget,
         monitors=cfg.monitor,
     )
     if cfg.from_records is not None:

@@ -214,6 +214,9 @@ class Plan:
     """your monitors, module:function each (drive/studies/misbehaviour/records.py)"""
     gate_signal: str = "epistemic_sum"
     """the declared monitor, fixed before the run: the headline's row and the signal the fallback gates on"""
+    gate_budget: float | None = None
+    """the gate's false-alarm budget, hand-overs per km on the calibration seeds (report.budget_threshold); None:
+    the threshold at `level` (report.nominal_threshold)"""
 
     def __post_init__(self) -> None:
         if not 0 < self.level < 1 or int(self.ttm) != self.ttm or self.ttm < 1 or self.protocol not in SCORINGS:
@@ -226,6 +229,8 @@ class Plan:
         if len(set(modes)) != len(modes) or not set(modes) <= set(MODES):
             raise ValueError(f"Plan: fallback modes from {MODES}, each once; got {self.fallback!r}")
         object.__setattr__(self, "fallback", modes)
+        if self.gate_budget is not None and not self.gate_budget > 0:
+            raise ValueError(f"Plan: gate_budget {self.gate_budget} hand-overs per km must be above 0")
         if self.gate_signal not in GATES:
             raise ValueError(f"Plan: gate_signal {self.gate_signal!r}, choose one of {sorted(GATES)}")
         levels = {v for v in self.levels if not same_level(v, self.level)}  # the asked level stands for its equal
@@ -314,9 +319,15 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
             entry |= _predicted(plan, cells)
             try:
                 threshold = (
-                    report.nominal_threshold(cells[NOMINAL], plan.level, cfg, plan.gate_signal, plan.calibration_seeds)
-                    if plan.fallback
-                    else None
+                    None
+                    if not plan.fallback
+                    else report.nominal_threshold(
+                        cells[NOMINAL], plan.level, cfg, plan.gate_signal, plan.calibration_seeds
+                    )
+                    if plan.gate_budget is None
+                    else report.budget_threshold(
+                        cells[NOMINAL], plan.gate_budget, plan.gate_signal, plan.calibration_seeds
+                    )
                 )
             except ValueError as exc:  # a controller that misbehaves on every nominal run: nothing to gate on
                 entry["fallback_skipped"] = f"no prevention cells: {exc}"
@@ -329,6 +340,7 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
                     "mode": mode,
                     "threshold": threshold,
                     "level": plan.level,
+                    "budget_per_km": plan.gate_budget,
                     "signal": plan.gate_signal,
                     "calibrated_on": list(plan.calibration_seeds),
                     "conditions": {},

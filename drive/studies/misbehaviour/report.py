@@ -229,6 +229,43 @@ def nominal_threshold(
     return float(protocol.fit_threshold(values, [level], cfg.threshold_fit)[0])
 
 
+def budget_threshold(
+    nominal: Mapping[str, Any], per_km: float, monitor: str = "epistemic_sum", seeds: Sequence[int] | None = None
+) -> float:
+    """The fallback's threshold for a stated false-alarm budget: the lowest per-step score at which the gate
+    (drive/loop/fallback.py `FallbackGate`, its hysteresis included) replayed on the raw per-step scores of the
+    nominal runs of `seeds` engages at most `per_km` times per km they drove (visited tiles x 3.5 m). Every step
+    counts, the reset's zoom-in and a misbehaving run's too: the live gate sees them. Replayed on ungated runs, it
+    counts the engagements a gate would make on the same drive; the gated nominal runs on the other seeds measure it."""
+    from drive.loop.fallback import FallbackGate
+
+    episodes = [ep for ep in nominal["episodes"] if seeds is None or ep["seed"] in set(seeds)]
+    traces = [np.asarray(scores_of(ep)[monitor], float) for ep in episodes]
+    km = sum(max(ep.get("tiles", 0), 1) * TILE_M / 1000 for ep in episodes)
+    if not traces or not any(len(t) for t in traces):
+        raise ValueError("no nominal runs to fit the fallback threshold on: give more --nominal-seeds")
+
+    def engagements(threshold: float) -> int:
+        count = 0
+        for trace in traces:
+            gate = FallbackGate(threshold)
+            for value in trace:
+                gate.update(float(value))
+            count += len(gate.interventions)
+        return count
+
+    candidates = np.unique(np.concatenate(traces))
+    candidates = candidates[np.isfinite(candidates) & (candidates >= 0)]
+    low, high = 0, len(candidates) - 1  # the largest score never engages (the gate needs scores above it)
+    while low < high:  # engagements fall as the threshold rises: the first candidate within the budget
+        mid = (low + high) // 2
+        if engagements(float(candidates[mid])) <= per_km * km:
+            high = mid
+        else:
+            low = mid + 1
+    return float(candidates[low])
+
+
 def _interval(stat: Callable[[np.ndarray], float], n: int, n_boot: int, seed: int) -> dict[str, float]:
     value = stat(np.arange(n))
     if n == 0:

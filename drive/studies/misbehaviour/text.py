@@ -351,8 +351,15 @@ def markdown(results: dict[str, Any]) -> str:
         "## Prevention and its false-alarm cost",
         "",
         f"The fallback ({_modes(plan)}) engages when the declared monitor "
-        f"({plan.get('gate_signal', 'epistemic_steer')}) reaches its threshold at level {plan['level']}, fitted on "
-        "every other nominal seed; the gated nominal runs drive the others. slow uses nothing privileged (a stall "
+        f"({plan.get('gate_signal', 'epistemic_steer')}) reaches its threshold "
+        + (
+            f"for a false-alarm budget of {plan['gate_budget']:g} hand-overs per km (the gate replayed on the "
+            "calibration seeds' nominal runs)"
+            if plan.get("gate_budget")
+            else f"at level {plan['level']}"
+        )
+        + ", fitted on every other nominal seed; the gated nominal runs drive the others (their interventions / km: "
+        "the budget measured out of sample). slow uses nothing privileged (a stall "
         "while engaged is a safe stop, counted apart); expert hands over to the PPO expert, which drives from "
         "privileged state: an oracle bound. Episodes that misbehave before their first scorable window are counted "
         "apart (early).",

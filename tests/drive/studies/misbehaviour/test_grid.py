@@ -317,3 +317,32 @@ def test_the_fallback_modes_are_checked_once_before_any_driving(capsys):
         Plan(controllers=("a.pt",), shifts=(), nominal_seeds=(1,), seeds=(2,), fallback=("slow", "slow"))
     assert main(["bench", "misbehaviour", "--out", "x", "--fallback", "off", "slow"]) == 2
     assert "--fallback off slow: off alone, or slow and/or expert" in capsys.readouterr().err
+
+
+def test_a_false_alarm_budget_sets_the_lowest_threshold_whose_replayed_gate_stays_within_it():
+    """Nominal runs of 2.1 km each with three isolated spikes (heights 5, 7, 9) on a flat score of 1: a budget of
+    1.5 hand-overs per km allows 6 engagements over 4.2 km, so every spike may engage (threshold just above the flat
+    score); 0.5 per km allows 2 (the threshold at the two runs' height-7 spikes); a budget below any engagement
+    puts it at the highest score, which no gate exceeds. Replayed with the gate's own hysteresis (2 steps above)."""
+    import numpy as np
+
+    from drive.loop.fallback import FallbackGate
+    from drive.studies.misbehaviour.report import budget_threshold
+
+    def run(seed: int) -> dict:
+        score = np.ones(600)
+        for start, height in ((100, 5.0), (300, 7.0), (500, 9.0)):
+            score[start : start + 3] = height
+        signals = np.zeros((600, 4))
+        signals[:, 3] = score  # epistemic_sum is the fourth signal
+        return {"seed": seed, "signals": signals, "busy": np.zeros(600, bool), "events": [],
+                "tiles": 600}  # 2.1 km  # fmt: skip
+
+    nominal = {"episodes": [run(0), run(1), run(2)]}
+    assert budget_threshold(nominal, 1.5, seeds=(0, 1)) == 1.0  # 6 spikes allowed: every one engages above 1
+    assert budget_threshold(nominal, 0.5, seeds=(0, 1)) == 7.0  # 2 allowed: only the 9s engage above 7
+    assert budget_threshold(nominal, 0.01, seeds=(0, 1)) == 9.0  # none allowed
+    gate = FallbackGate(7.0)
+    for value in run(0)["signals"][:, 3]:
+        gate.update(float(value))
+    assert len(gate.interventions) == 1
