@@ -398,4 +398,5 @@ def _summary(cell: dict[str, Any]) -> dict[str, Any]:
         "misbehaviours": sum(len(e.get("events", [])) for e in eps),
         "mean_return": float(np.mean(returns)) if returns else float("nan"),
         "seconds": cell.get("seconds"),
+        "steps": int(sum(len(e.get("busy", ())) for e in eps)),
     }

@@ -51,7 +51,7 @@ import numpy as np
 from drive import metrics
 from drive.loop.failures import SIGNALS
 from drive.studies.misbehaviour import nulls, protocol
-from drive.studies.misbehaviour.rows import pick, rows_of
+from drive.studies.misbehaviour.rows import Row, pick, rows_of
 from drive.studies.over_seeds import ALPHA, bounds_of, holm_marks, interval, welch
 
 NOMINAL = "nominal"  # the clean-camera condition of every controller
@@ -393,8 +393,11 @@ def _pooled_prevention(fallback: Mapping[str, Any], conditions: Sequence[str]) -
 def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
     """{group: {"checkpoints", "misbehaviours" (per seed), "monitors": {monitor: {metric: interval}}, "prevention":
     {metric: interval} (the headline fallback mode), "prevention_bounds": {mode: {metric: interval}} (the other
-    modes, where the run had several; no tests: they are bounds)}} for every group of `seed_groups` (see the module
-    docstring)."""
+    modes, where the run had several; no tests: they are bounds), and where the run has them (none is tested): "nulls":
+    {monitor: {null: {"f3", "auroc": interval}}} (the null controls), "field": {monitor: {"f3", "auroc": interval}}
+    (the field's rules on the same episodes), "windows": {family: scored windows at the TTM, summed over seeds},
+    "ms_per_step": interval (ungated cells' wall seconds x workers / car-steps: compute on this machine)}} for every
+    group of `seed_groups` (see the module docstring)."""
     plan, entries = results["plan"], results["controllers"]
     out: dict[str, Any] = {}
     for group, every in seed_groups(list(entries)).items():
@@ -404,10 +407,32 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
         values: dict[str, dict[str, list[float]]] = {}
         prevention: dict[str, list[float]] = {}  # the headline fallback mode's
         bounds: dict[str, dict[str, list[float]]] = {}  # the other modes' (expert: an oracle bound), not tested
+        beside: dict[str, dict[str, dict[str, list[float]]]] = {}  # nulls and field: {key: {monitor: {...}}}
+        windows: dict[str, int] = {}
+        cost: list[float] = []
         misbehaviours = []
         for c in members:
             table = entries[c].get("prediction", {}).get("groups", {}).get("held_out", {})
             misbehaviours.append(table.get("misbehaviours", 0))
+            for family, counts in table.get("families", {}).items():
+                windows[family] = windows.get(family, 0) + counts["scored_windows"].get(str(plan["ttm"]), 0)
+            for monitor, controls in table.get("nulls", {}).items():
+                for null in ("block_permuted", "information_free"):
+                    value = Row.from_dict(controls[null]).value
+                    for metric in ("f3", "auroc"):
+                        at = beside.setdefault("nulls", {}).setdefault(monitor, {}).setdefault(null, {})
+                        at.setdefault(metric, []).append(getattr(value, metric))
+            for monitor, row in table.get("field", {}).items():
+                value = Row.from_dict(row).value
+                for metric in ("f3", "auroc"):
+                    beside.setdefault("field", {}).setdefault(monitor, {}).setdefault(metric, []).append(
+                        getattr(value, metric)
+                    )
+            cells = entries[c].get("episodes", {}).values()
+            if cells and all(cell.get("steps") for cell in cells):
+                workers = max(1, int(results.get("settings", {}).get("workers") or 1))
+                spent = sum(cell["seconds"] or 0.0 for cell in cells) * workers
+                cost.append(1000 * spent / sum(cell["steps"] for cell in cells))
             for monitor, rows in table.get("monitors", {}).items():
                 value = pick(rows_of(rows), plan["level"], plan["ttm"]).value
                 for metric in PREDICTION_METRICS:
@@ -427,6 +452,19 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             out[group]["prevention_bounds"] = {
                 mode: {k: interval(v, bounds_of(k)) for k, v in by.items()} for mode, by in bounds.items()
             }
+        if "nulls" in beside:
+            out[group]["nulls"] = {
+                m: {null: {k: interval(v, bounds_of(k)) for k, v in by.items()} for null, by in nulls.items()}
+                for m, nulls in beside["nulls"].items()
+            }
+        if "field" in beside:
+            out[group]["field"] = {
+                m: {k: interval(v, bounds_of(k)) for k, v in by.items()} for m, by in beside["field"].items()
+            }
+        if windows:
+            out[group]["windows"] = windows
+        if len(cost) == len(members):
+            out[group]["ms_per_step"] = interval(cost, (0.0, math.inf))
     for name, entry in out.items():  # Welch's p against every other group; the first group is the marked reference
         figures = [(("monitors", m), by) for m, by in entry["monitors"].items()] + [
             (("prevention",), entry["prevention"])

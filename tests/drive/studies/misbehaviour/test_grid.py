@@ -162,6 +162,12 @@ def test_seeds_of_one_controller_become_a_mean_with_an_interval_and_differences_
     assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 [0.900, 0.920] *" in table
     p = b["prevention"]["prevented"]["p_vs"]["r/a/seed*/best.pt"]
     assert p == a["prevention"]["prevented"]["p_vs"]["r/b/seed*/best.pt"] and p < 0.05  # every pair, both ways
+    from drive.studies.misbehaviour.text import summary_table
+
+    summary = summary_table({**results, "plan": {**results["plan"], "fallback": ["slow", "expert"]}})
+    assert summary[0].startswith("| controller | seeds | scored windows per family | F3 (epistemic_sum) |")
+    assert "episodes prevented, expert (oracle)" in summary[0] and len(summary) == 4  # header, rule, a, b
+    assert all(line.count("|") == summary[0].count("|") for line in summary)
     assert "Welch's p, share of misbehaviours prevented" in table and f"| a/seed*/best.pt |  | {p:.3f} * |" in table
     from drive.studies.misbehaviour.figures import plot_seeds
 
