@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -112,7 +113,7 @@ def run_cell(cell: Cell, run: RunSettings) -> list[dict[str, Any]]:
     tasks = [(policy, settings, tuple(seeds[i : i + run.envs])) for i in range(0, len(seeds), run.envs)]
     records: list[dict[str, Any]] = []
     run_tasks(
-        evaluate_episodes,
+        timed_episodes,
         tasks,
         run.workers,
         records.extend,
@@ -123,6 +124,17 @@ def run_cell(cell: Cell, run: RunSettings) -> list[dict[str, Any]]:
         size=episodes_in,
     )
     return sorted(records, key=lambda r: r["seed"])
+
+
+def timed_episodes(
+    spec: PolicySpec, settings: dict[str, Any], seeds: Sequence[int], tick: Any = None, observers: Any = None
+) -> list[dict[str, Any]]:
+    """`evaluate_episodes` (one worker's cars), each record with its car's share of the worker's CPU seconds
+    ("cpu_s": simulator, rendering, controller and monitors; the cars share one controller call per step)."""
+    cpu = time.process_time()
+    records = evaluate_episodes(spec, settings, seeds, tick, observers)
+    share = (time.process_time() - cpu) / max(len(records), 1)
+    return [{**record, "cpu_s": share} for record in records]
 
 
 ARRAYS = ("signals", "busy", "monitor_scores")
@@ -399,4 +411,5 @@ def _summary(cell: dict[str, Any]) -> dict[str, Any]:
         "mean_return": float(np.mean(returns)) if returns else float("nan"),
         "seconds": cell.get("seconds"),
         "steps": int(sum(len(e.get("busy", ())) for e in eps)),
+        "cpu_s": float(sum(e.get("cpu_s", math.nan) for e in eps)),
     }

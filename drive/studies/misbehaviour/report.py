@@ -396,7 +396,8 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
     modes, where the run had several; no tests: they are bounds), and where the run has them (none is tested): "nulls":
     {monitor: {null: {"f3", "auroc": interval}}} (the null controls), "field": {monitor: {"f3", "auroc": interval}}
     (the field's rules on the same episodes), "windows": {family: scored windows at the TTM, summed over seeds},
-    "ms_per_step": interval (ungated cells' wall seconds x workers / car-steps: compute on this machine)}} for every
+    "ms_per_step": interval (the ungated cells' CPU milliseconds per car-step: simulator, rendering, controller and
+    monitors, on this machine)}} for every
     group of `seed_groups` (see the module docstring)."""
     plan, entries = results["plan"], results["controllers"]
     out: dict[str, Any] = {}
@@ -429,10 +430,8 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
                         getattr(value, metric)
                     )
             cells = entries[c].get("episodes", {}).values()
-            if cells and all(cell.get("steps") for cell in cells):
-                workers = max(1, int(results.get("settings", {}).get("workers") or 1))
-                spent = sum(cell["seconds"] or 0.0 for cell in cells) * workers
-                cost.append(1000 * spent / sum(cell["steps"] for cell in cells))
+            if cells and all(cell.get("steps") and math.isfinite(cell.get("cpu_s", math.nan)) for cell in cells):
+                cost.append(1000 * sum(cell["cpu_s"] for cell in cells) / sum(cell["steps"] for cell in cells))
             for monitor, rows in table.get("monitors", {}).items():
                 value = pick(rows_of(rows), plan["level"], plan["ttm"]).value
                 for metric in PREDICTION_METRICS:

@@ -265,7 +265,7 @@ def summary_table(results: dict[str, Any]) -> list[str]:
         f"| controller | seeds | scored windows per family | F3 ({declared}) | F3 nulls: permuted / free | F3, field's "
         f"rules | AUROC | AUROC, permuted null | FPR | episodes prevented, {modes[0]} | "
         + "".join(f"episodes prevented, {m} (oracle) | " for m in oracle)
-        + f"hand-overs / km, nominal ({modes[0]}) | ms per car-step |",
+        + f"hand-overs / km, nominal ({modes[0]}) | CPU ms per car-step |",
         "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(oracle) + "---|---|",
     ]
     for group, entry in groups.items():
