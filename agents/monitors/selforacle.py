@@ -30,6 +30,7 @@ Departures, and why:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,10 +117,16 @@ class SelfOracle(nn.Module):
         return (x_hat - x).pow(2).flatten(1).mean(1)
 
     def fit(
-        self, frames: Tensor, epochs: int = 10, batch_size: int = 64, lr: float = 1e-3, seed: int = 0
+        self,
+        frames: Tensor,
+        epochs: int = 10,
+        batch_size: int = 64,
+        lr: float = 1e-3,
+        seed: int = 0,
+        on_epoch: Callable[[int, float], None] | None = None,
     ) -> list[float]:
         """Train on nominal frames (N, 84, 84) uint8; shuffling and latent noise from a Generator(seed). Returns the
-        mean loss of each epoch."""
+        mean loss of each epoch; `on_epoch(epoch, loss)` after each (progress)."""
         device = next(self.parameters()).device
         frames, generator = frames.to(device), torch.Generator(device=device).manual_seed(seed)
         optimizer = torch.optim.Adam(self.parameters(), lr=lr)
@@ -135,6 +142,8 @@ class SelfOracle(nn.Module):
                 optimizer.step()
                 total += loss.item() * len(batch)
             history.append(total / len(frames))
+            if on_epoch is not None:
+                on_epoch(len(history), history[-1])
         self.eval()
         return history
 

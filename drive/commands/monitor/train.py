@@ -11,6 +11,7 @@ dataset's unflagged episodes: the same demonstrations a controller trains on. Th
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,12 @@ def run(cfg: Config) -> int:
     torch.manual_seed(cfg.seed)
     model = SelfOracle(SelfOracleConfig(latent_dim=cfg.latent_dim, kl_weight=cfg.kl_weight))
     print(f"training SelfOracle on {len(x)} frames of {len(data.seeds)} nominal episodes ({cfg.data})")
-    history = model.fit(x, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed)
+    start = time.perf_counter()
+
+    def progress(epoch: int, loss: float) -> None:
+        print(f"epoch {epoch}/{cfg.epochs}: loss {loss:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
+
+    history = model.fit(x, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, on_epoch=progress)
     scores = model.score(x).numpy()
     manifest = (Path(cfg.data) / MANIFEST).read_bytes()
     checkpoint.save(
