@@ -24,7 +24,7 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from torch import nn
 from agents.registry import CONTROLLERS, config_from_dict
 from datasets.files import atomic_write
 from drive.errors import UserError
+
+if TYPE_CHECKING:
+    from agents.base import Controller
 
 FORMAT = "drive-checkpoint"
 FORMAT_VERSION = 1
@@ -184,7 +187,7 @@ def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
     return payload
 
 
-def load_controller(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
+def load_controller(path: str | os.PathLike) -> tuple[Controller, dict[str, Any]]:
     """Rebuild a trained controller from the file alone; returns (controller in eval mode, payload)."""
     payload = read(path, kind="controller")
     name = payload["name"]

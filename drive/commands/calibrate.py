@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from drive.errors import UserError
 from drive.loop.seeds import parse_seeds
 from drive.options import FloatRange, PositiveInt
+
+Coverage: Any = FloatRange(0.5, 0.999)  # an option type (a range-checked float), like drive.options.Probability
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class Config:
     """controller checkpoint to calibrate (rewritten in place unless --out is given)"""
     seeds: str = "2000-2004"
     """nominal laps: track seeds apart from training and evaluation seeds"""
-    coverage: FloatRange(0.5, 0.999) = 0.9
+    coverage: Coverage = 0.9
     """the central interval whose coverage of the shadow expert's actions is fitted"""
     shadow: str | None = None
     """the expert whose actions the intervals should cover (default: the one that labelled the training data)"""

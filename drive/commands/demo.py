@@ -18,7 +18,7 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from drive.errors import UserError
 from drive.loop.options import SHIPPED_CONTROLLER, CollectOptions, EvalOptions
@@ -26,6 +26,7 @@ from drive.options import IntRange, NonNegativeInt, PositiveInt, Workers, drive_
 
 log = logging.getLogger(__name__)
 
+Scale: Any = IntRange(1, 16)  # an option type (a range-checked int), like drive.options.PositiveInt
 RESUMES = True  # rerunning the same command continues what an interrupted run left
 
 PLOTS = {"map": "the track coloured by phi, kappa, psi, logits, epistemic variance",
@@ -47,7 +48,7 @@ class Config:
     """parallel worker processes for the recording"""
     video_steps: PositiveInt = 600
     """length of the video in steps (50 steps per second of driving)"""
-    scale: IntRange(1, 16) = 4
+    scale: Scale = 4
     """video upscale factor of the 96x96 frames"""
     max_episode_steps: PositiveInt = 1000
     """step limit per episode"""
@@ -134,7 +135,7 @@ def run(cfg: Config) -> int:
     print(f"  video:   {video_path} ({n / 50:.1f} s of the expert on track {episode.seed})")
     if cfg.ckpt is None:
         return 0
-    return drive_controller(cfg)
+    return drive_controller(cfg, cfg.ckpt)
 
 
 def _as_typed(path: Path) -> Path:
@@ -145,7 +146,7 @@ def _as_typed(path: Path) -> Path:
         return path
 
 
-def drive_controller(cfg: Config) -> int:
+def drive_controller(cfg: Config, ckpt: Path) -> int:
     """Part 2: the trained controller on an unseen track, traced, plotted and replayed with the overlay."""
     from drive.loop.evaluate import evaluate
     from drive.observe.replay import replay
@@ -155,14 +156,14 @@ def drive_controller(cfg: Config) -> int:
     # failure_horizon=0: failure prediction scores a signal against off-track / spin / stall events over many laps
     # (and first runs 5 nominal laps for its thresholds); on the demo's one lap it has nothing to score
     options = EvalOptions(
-        policy=f"ckpt:{cfg.ckpt}",
+        policy=f"ckpt:{ckpt}",
         seeds=str(cfg.track),
         env=cfg.env,
         progress=cfg.progress,
         max_episode_steps=cfg.controller_steps or cfg.max_episode_steps,
         failure_horizon=0,
     )
-    name = _as_typed(cfg.ckpt)
+    name = _as_typed(ckpt)
     print(
         f"step 2/2: the trained controller {name} drives track {cfg.track}, unseen in training, from pixels\n"
         "          (the expert rides along in shadow mode; the recorder keeps what the model computes each step)"

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import tyro
 
 from drive.errors import UserError
 from drive.observe import FRAME_SIZE
 from drive.options import IntRange, PositiveInt, writable_file
+
+FrameSize: Any = IntRange(16, 4096)  # an option type (a range-checked int), like drive.options.PositiveInt
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Config:
     """frames per second of the video (CarRacing runs at 50 steps/s)"""
     every: PositiveInt = 1
     """write every n-th step (2 halves the video length)"""
-    frame_size: IntRange(16, 4096) = FRAME_SIZE
+    frame_size: FrameSize = FRAME_SIZE
     """side of the upscaled driving frame in pixels"""
 
 

@@ -147,7 +147,7 @@ def run(cfg: Config) -> int:
     print_ceilings(console, ratios, ceiling, best)
     stages = timed_stages(cfg, best, console) if cfg.stages and best is not None else None
     machine = _machine(load_before)
-    met = {key: None if ratios[key] is None else ratios[key] >= target for key, target in TARGETS.items()}  # type: ignore[operator]
+    met = {key: None if (ratio := ratios[key]) is None else ratio >= target for key, target in TARGETS.items()}
     results = {
         "rows": {key: row.to_dict() for key, row in rows.items()},
         "ratios": ratios,

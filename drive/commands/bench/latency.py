@@ -137,11 +137,12 @@ def run(cfg: Config) -> int:
     for name, model, coder in _models(cfg):
         model.eval()
         # interleave the two measurements so background load hits both alike
-        sto, det = [], []
+        sto_runs: list[np.ndarray] = []
+        det_runs: list[np.ndarray] = []
         for _ in range(3):
-            sto.append(time_steps(model, obs, cfg.samples, False, cfg.steps // 3, cfg.warmup, coder))
-            det.append(time_steps(model, obs, cfg.samples, True, cfg.steps // 3, cfg.warmup, coder))
-        sto, det = np.concatenate(sto), np.concatenate(det)
+            sto_runs.append(time_steps(model, obs, cfg.samples, False, cfg.steps // 3, cfg.warmup, coder))
+            det_runs.append(time_steps(model, obs, cfg.samples, True, cfg.steps // 3, cfg.warmup, coder))
+        sto, det = np.concatenate(sto_runs), np.concatenate(det_runs)
         row = {
             "controller": name,
             "samples": cfg.samples,

@@ -166,7 +166,7 @@ def _print(console, results: dict) -> None:
         console.print(f"{server}: single-chain round trip p95 {p95[server]:.1f} ms {verdict} the 30 ms target")
         console.print(f"  {counts}")
     if len(p95) == 2:
-        best = min(p95, key=p95.get)
+        best = min(p95, key=p95.__getitem__)
         results["faster_server"] = best
         results["p95_ratio_eventlet_to_threading"] = p95["eventlet"] / p95["threading"]
         console.print(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from drive.loop.seeds import parse_seeds
-from drive.options import FloatRange, PositiveInt
+from drive.options import OpenUnit, PositiveInt
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Config:
     """controller checkpoint to calibrate (rewritten with the threshold in extra["fallback"])"""
     seeds: str = "2000-2004"
     """nominal laps: track seeds apart from training and evaluation seeds"""
-    quantile: FloatRange(0.0, 1.0, open_low=True) = 0.99
+    quantile: OpenUnit = 0.99
     """the threshold is this quantile of the per-step variance on the nominal laps"""
     signal: Literal["steer", "gas", "brake", "sum"] = "steer"
     """which action's variance is the gate's score"""

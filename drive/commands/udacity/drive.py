@@ -53,7 +53,7 @@ def run(cfg: Config) -> int:
     import torch  # the engine, imported when the command runs: not for `--help` (drive/cli.py)
     from gymnasium.wrappers import TimeLimit
 
-    from drive.loop.rollout import rollout
+    from drive.loop.rollout import Observer, rollout
     from drive.loop.udacity import checked_server, make_policy
     from drive.observe.udacity import Overlay, StepLog, StopDriving
     from sim_bridges.udacity.bridge import UdacityEnv
@@ -79,7 +79,7 @@ def run(cfg: Config) -> int:
     print(f"logging to {run_dir}", flush=True)
     steps = StepLog(run_dir)
     bar = tqdm(desc="frames", unit="frame", mininterval=1.0, delay=0.5)  # shown once frames come
-    observers = [steps, lambda rec: bar.update(1)]
+    observers: list[Observer] = [steps, lambda rec: bar.update(1)]
     overlay = None if cfg.display == "none" else Overlay(cfg.display, run_dir / "overlay.mp4")
     observers += [overlay] if overlay else []
     wrapped = TimeLimit(env, cfg.max_steps) if cfg.max_steps > 0 else env
@@ -104,15 +104,15 @@ def run(cfg: Config) -> int:
             run_dir.rmdir()
         raise UserError(never_came)
     lat = np.array([x for x in steps.latencies_ms if math.isfinite(x)])
-    session = {"server": stats, "episodes": [r.to_dict() for r in results], "policy_latency_ms": {}}
+    latency_ms: dict[str, float] = {}
     if lat.size:
-        session["policy_latency_ms"] = {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95))}
+        latency_ms = {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95))}
+    session = {"server": stats, "episodes": [r.to_dict() for r in results], "policy_latency_ms": latency_ms}
     (run_dir / "session.json").write_text(json.dumps(session, indent=2))
     print(
         f"{len(lat)} steps; answers {stats.get('answered.steer', 0)} steer, {stats.get('answered.manual', 0)} "
         f"manual, {stats.get('answered.safe', 0)} safe; refused {stats['refused']}; "
-        f"policy p50/p95 {session['policy_latency_ms'].get('p50', math.nan):.1f}/"
-        f"{session['policy_latency_ms'].get('p95', math.nan):.1f} ms"
+        f"policy p50/p95 {latency_ms.get('p50', math.nan):.1f}/{latency_ms.get('p95', math.nan):.1f} ms"
     )
     if overlay and overlay.mode == "video" and overlay.n_frames:
         print(f"overlay video: {run_dir / 'overlay.mp4'}")

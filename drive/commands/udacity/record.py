@@ -69,14 +69,15 @@ def run(cfg: Config) -> int:
                 print(f"no frame for {timeout:.0f} s: stopping")
                 break
             timeout = cfg.idle_timeout_s
-            steering = throttle = None  # manual: the car's own controls, as the telemetry reports them
+            steering: float | None = None  # manual: the car's own controls, as the telemetry reports them
+            throttle: float | None = None
             if policy is not None:
                 t = frame.telemetry
                 out = policy.act({"image": t.image, "speed": np.array([t.speed_mph], np.float32)}, {})
                 steering, throttle = float(out.action[0]), float(out.action[1])
             for f in (*frame.coalesced, frame):  # every received frame is recorded before it is answered
                 t = f.telemetry
-                s, th = (t.steering, t.throttle) if steering is None else (steering, throttle)
+                s, th = (t.steering, t.throttle) if steering is None or throttle is None else (steering, throttle)
                 writer.write(t.jpeg, s, max(th, 0.0), max(-th, 0.0), t.speed_mph)
             server.answer(frame, steering, throttle)
             bar.update(1 + len(frame.coalesced))

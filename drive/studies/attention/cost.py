@@ -75,12 +75,13 @@ def _row(n: int, layers: tuple, cfg: Config, device: torch.device) -> tuple[dict
     x = torch.randn(b, n, d, device=device, requires_grad=True)
     qkv = [torch.randn(b, h, n, d // h, device=device, requires_grad=True) for _ in range(3)]
 
-    def kernel_step(qkv=qkv):
+    def kernel_step(qkv: list[Tensor] = qkv) -> None:
         for t in qkv:
             t.grad = None
-        F.scaled_dot_product_attention(*qkv).square().mean().backward()
+        q, k, v = qkv
+        F.scaled_dot_product_attention(q, k, v).square().mean().backward()
 
-    steps = {
+    steps: dict[str, Callable[[], None]] = {
         "nsac": _train_step(nsac, x, lambda m, x: m(x, 1)),
         "sdpa_block": _train_step(block, x, lambda m, x: m(x)),
         "sdpa_kernel": kernel_step,

@@ -36,12 +36,23 @@ Episodes = list[tuple[int, np.ndarray]]  # (track seed, (T, 3) actions) per epis
 class EnvRowsConfig(Protocol):
     """What these rows read of `drive bench closedloop`'s Config."""
 
-    steps: int
-    rounds: int
-    max_episode_steps: int
-    first_seed: int
-    expert: str
-    envpool_python: str | None
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def rounds(self) -> int: ...
+
+    @property
+    def max_episode_steps(self) -> int: ...
+
+    @property
+    def first_seed(self) -> int: ...
+
+    @property
+    def expert(self) -> str: ...
+
+    @property
+    def envpool_python(self) -> str | None: ...
 
 
 @dataclass(frozen=True)

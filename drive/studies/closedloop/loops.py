@@ -11,7 +11,7 @@ import dataclasses
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from drive.loop.options import CollectOptions, EvalOptions
 from drive.studies.closedloop.envs import Bare, EnvRowsConfig, Row, bare_env, timed
@@ -20,17 +20,40 @@ from drive.studies.closedloop.envs import Bare, EnvRowsConfig, Row, bare_env, ti
 class LoopRowsConfig(Protocol):
     """What these rows read of `drive bench closedloop`'s Config (a dataclass: `warm_up_loops` replaces fields)."""
 
-    rounds: int
-    episodes: int
-    max_episode_steps: int
-    expert: str
-    policy: str
-    samples: int
-    collect_envs: tuple[int, ...]
-    eval_episodes: int
-    eval_max_episode_steps: int
-    first_seed: int
-    envs: tuple[int, ...]
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # a dataclass, for `dataclasses.replace`
+
+    @property
+    def rounds(self) -> int: ...
+
+    @property
+    def episodes(self) -> int: ...
+
+    @property
+    def max_episode_steps(self) -> int: ...
+
+    @property
+    def expert(self) -> str: ...
+
+    @property
+    def policy(self) -> str: ...
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def collect_envs(self) -> tuple[int, ...]: ...
+
+    @property
+    def eval_episodes(self) -> int: ...
+
+    @property
+    def eval_max_episode_steps(self) -> int: ...
+
+    @property
+    def first_seed(self) -> int: ...
+
+    @property
+    def envs(self) -> tuple[int, ...]: ...
 
 
 def collect_run(cfg: LoopRowsConfig, workers: int, envs: int = 0) -> tuple[int, float, float]:
@@ -114,7 +137,7 @@ def eval_row(cfg: LoopRowsConfig, k: int, workers: int, bare: Bare | None = None
     options = EvalOptions(
         policy=cfg.policy,
         seeds=f"{cfg.first_seed}-{cfg.first_seed + n - 1}",
-        workers=workers,  # type: ignore[call-arg]
+        workers=workers,
         samples=cfg.samples,
         max_episode_steps=cfg.eval_max_episode_steps,
         progress=False,
@@ -146,7 +169,7 @@ def measure_loops(cfg: RowsConfig, console: Any) -> dict[str, Row]:
     plan: list[tuple[str, Callable[[], dict[str, Row]]]] = [
         ("collect1", lambda: collect_rows(cfg, bare)),
         ("collect2", lambda: {"collect2": collect2_row(cfg)}),
-        *[(f"eval_k{k}", lambda k=k: {f"eval_k{k}": eval_row(cfg, k, 1, bare)}) for k in cfg.envs],  # type: ignore[misc]
+        *[(f"eval_k{k}", lambda k=k: {f"eval_k{k}": eval_row(cfg, k, 1, bare)}) for k in cfg.envs],
     ]
     for key, measure in plan:
         with console.status(f"measuring {key} ..."):

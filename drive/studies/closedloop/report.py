@@ -13,10 +13,17 @@ from drive.studies.closedloop.ratios import TARGETS, beside_rate, verdict
 class CallsConfig(Protocol):
     """What `controller_calls` reads of `drive bench closedloop`'s Config."""
 
-    ckpt: Path
-    samples: int
-    first_seed: int
-    controller_calls: int
+    @property
+    def ckpt(self) -> Path: ...
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def first_seed(self) -> int: ...
+
+    @property
+    def controller_calls(self) -> int: ...
 
 
 def controller_calls(cfg: CallsConfig, k: int | None, console: Any) -> dict[str, float] | str:

@@ -108,7 +108,7 @@ def split(
 ) -> dict[str, Any]:
     """Per-step microseconds of each stage, the rest, the env's share, what `target` leaves the loop, and the garbage
     collector's time (already inside the stages it interrupted)."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"depth": depth, "label": label, "us_per_step": ns / steps / 1e3}
         for (depth, label, _, _), ns in zip(stages, spent, strict=True)
     ]

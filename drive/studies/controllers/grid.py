@@ -241,7 +241,7 @@ def aggregate(study: Study) -> dict[str, Any]:
     """results.json's dict: per row and metric the interval over seeds and Welch's p against the reference row."""
     values = per_seed(study)
     ref = values.get(study.reference, {})
-    rows = {}
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
     for row, metrics in values.items():
         rows[row] = {}
         for metric, by_seed in metrics.items():

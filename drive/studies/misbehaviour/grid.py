@@ -161,7 +161,7 @@ def save_cell(path: Path, cell: Cell, records: Sequence[dict[str, Any]], seconds
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
+    np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub takes **kwds for allow_pickle
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, buf.getvalue())
 

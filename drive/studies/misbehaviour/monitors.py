@@ -85,7 +85,7 @@ class MonitorRecorder:
 
     def episode_traces(self) -> Mapping[str, Any]:
         """{"monitor_scores": (T, M) float32, "monitor_names": the M names}; the frames are dropped."""
-        frames = torch.as_tensor(np.stack(self.frames)) if self.frames else torch.zeros((0, 84, 84), torch.uint8)
+        frames = torch.as_tensor(np.stack(self.frames)) if self.frames else torch.zeros((0, 84, 84), dtype=torch.uint8)
         self.frames = []
         columns = []
         if self.vae is not None:

@@ -359,5 +359,5 @@ def _episode(controller: str, condition: str, seed: int, parts: list[_Rows]) -> 
         for t in np.flatnonzero(onset)
         for kind in (str(kinds[t]) or UNKNOWN_KIND).split("+")
     ]
-    scores = {m: joined(lambda p, m=m: p.scores[m]) for m in parts[0].scores}
+    scores = {m: np.concatenate([p.scores[m] for p in parts])[order] for m in parts[0].scores}
     return {"seed": seed, "events": events, "busy": joined(lambda p: p.busy), "scores": scores}

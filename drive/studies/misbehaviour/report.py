@@ -408,7 +408,8 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
         values: dict[str, dict[str, list[float]]] = {}
         prevention: dict[str, list[float]] = {}  # the headline fallback mode's
         bounds: dict[str, dict[str, list[float]]] = {}  # the other modes' (expert: an oracle bound), not tested
-        beside: dict[str, dict[str, dict[str, list[float]]]] = {}  # nulls and field: {key: {monitor: {...}}}
+        null_values: dict[str, dict[str, dict[str, list[float]]]] = {}  # {monitor: {null: {metric: per seed}}}
+        field_values: dict[str, dict[str, list[float]]] = {}  # {monitor: {metric: per seed}}
         windows: dict[str, int] = {}
         cost: list[float] = []
         misbehaviours = []
@@ -421,14 +422,12 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
                 for null in ("block_permuted", "information_free"):
                     value = Row.from_dict(controls[null]).value
                     for metric in ("f3", "auroc"):
-                        at = beside.setdefault("nulls", {}).setdefault(monitor, {}).setdefault(null, {})
+                        at = null_values.setdefault(monitor, {}).setdefault(null, {})
                         at.setdefault(metric, []).append(getattr(value, metric))
             for monitor, row in table.get("field", {}).items():
                 value = Row.from_dict(row).value
                 for metric in ("f3", "auroc"):
-                    beside.setdefault("field", {}).setdefault(monitor, {}).setdefault(metric, []).append(
-                        getattr(value, metric)
-                    )
+                    field_values.setdefault(monitor, {}).setdefault(metric, []).append(getattr(value, metric))
             cells = entries[c].get("episodes", {}).values()
             if cells and all(cell.get("steps") and math.isfinite(cell.get("cpu_s", math.nan)) for cell in cells):
                 cost.append(1000 * sum(cell["cpu_s"] for cell in cells) / sum(cell["steps"] for cell in cells))
@@ -451,14 +450,14 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             out[group]["prevention_bounds"] = {
                 mode: {k: interval(v, bounds_of(k)) for k, v in by.items()} for mode, by in bounds.items()
             }
-        if "nulls" in beside:
+        if null_values:
             out[group]["nulls"] = {
                 m: {null: {k: interval(v, bounds_of(k)) for k, v in by.items()} for null, by in nulls.items()}
-                for m, nulls in beside["nulls"].items()
+                for m, nulls in null_values.items()
             }
-        if "field" in beside:
+        if field_values:
             out[group]["field"] = {
-                m: {k: interval(v, bounds_of(k)) for k, v in by.items()} for m, by in beside["field"].items()
+                m: {k: interval(v, bounds_of(k)) for k, v in by.items()} for m, by in field_values.items()
             }
         if windows:
             out[group]["windows"] = windows

@@ -250,15 +250,16 @@ def run_grid(grid: Grid, progress: bool = True) -> list[dict[str, Any]]:
     state is read again just before, so a cell another process finished or is training is skipped ("busy")."""
     if grid.threads > 0:
         torch.set_num_threads(grid.threads)
-    todo, records = [], []
+    todo: list[Cell] = []
+    finished: list[Cell] = []
     for cell in cells(grid):
         done = cell_state(cell) == "done"
         if done and cell.row in grid.refresh and _recorded(cell, "agents_sha") != AGENTS_SHA:
             _set_aside(cell.run_dir, "ran other agents/ code (--refresh)")
             done = False
-        (records if done else todo).append(cell)
+        (finished if done else todo).append(cell)
     todo.sort(key=lambda c: c.seed)  # every row's first seed before any row's second: a partial grid compares rows
-    records = [_record(c, "done", 0.0) for c in records]
+    records = [_record(c, "done", 0.0) for c in finished]
     bar = tqdm(todo, desc=f"bench offline {grid.task}", unit="cell", disable=not progress, dynamic_ncols=True)
     for cell in bar:
         bar.set_postfix_str(f"{cell.dataset or grid.task} {cell.row} seed {cell.seed}")

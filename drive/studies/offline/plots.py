@@ -89,7 +89,10 @@ def reliability(rows: dict[str, list[str]], path: Path, title: str) -> Path | No
             drawn = True
     ax.set(xlabel="quantile level p", ylabel="observed frequency of y <= q_p", title=f"{title}: reliability")
     ax.legend(fontsize=7)
-    return _save(fig, path, plt) if drawn else _close(fig, plt)
+    if drawn:
+        return _save(fig, path, plt)
+    _close(fig, plt)
+    return None
 
 
 def pit_histograms(rows: dict[str, list[str]], path: Path, title: str) -> Path | None:
@@ -110,8 +113,8 @@ def pit_histograms(rows: dict[str, list[str]], path: Path, title: str) -> Path |
 
 def trajectories(rows: dict[str, list[str]], path: Path, title: str) -> Path | None:
     plt = _pyplot()
-    loaded = {row: _load(runs[:1], "trajectory.npz") for row, runs in rows.items()}
-    loaded = {row: t[0] for row, t in loaded.items() if t}
+    found = {row: _load(runs[:1], "trajectory.npz") for row, runs in rows.items()}
+    loaded = {row: t[0] for row, t in found.items() if t}
     if not loaded:
         return None
     k = len(next(iter(loaded.values()))["window"])

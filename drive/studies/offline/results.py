@@ -26,7 +26,7 @@ METRICS = ("mse", "rmse", "mae", "nll", "crps", "ece", "pit_w1", "coverage_90", 
 TIMES = {"train_s": "train_seconds", "infer_s": "eval_seconds"}
 
 
-def _stats(values: list[float]) -> dict[str, Any]:
+def _stats(values: list[float | None]) -> dict[str, Any]:
     arr = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
     if arr.size == 0:
         return {"mean": None, "std": None, "n": 0}
@@ -88,7 +88,9 @@ def _summary(mod, grid_cells: list[Cell]) -> dict[str, Any] | None:
 
 
 def _table(grid: Grid, dataset: str | None, name: str, key: str, runs: dict, paper: dict) -> dict[str, Any]:
-    rows, references, notes = [], {}, []
+    rows: list[dict[str, Any]] = []
+    references: dict[str, list[dict[str, Any]]] = {}
+    notes: list[str] = []
     for row in grid.rows:
         found = [(c, _reports(m)[name], m) for c, m in runs.get(row, []) if name in _reports(m)]
         if not found:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from datasets.frames import ObservationCoder
 from datasets.regenerate import require_episodes
 from drive import metrics
 from drive.errors import UserError
+
+if TYPE_CHECKING:
+    from agents.base import Controller
 
 KINDS = ("epistemic", "total", "aleatoric")
 
@@ -54,7 +57,7 @@ def code_stacks(raw: np.ndarray, coder: ObservationCoder, steps: np.ndarray) -> 
 
 @torch.inference_mode()
 def uncertainty_scores(
-    model: torch.nn.Module, x: torch.Tensor, samples: int | None = None, seed: int = 0, batch_size: int = 256
+    model: Controller, x: torch.Tensor, samples: int | None = None, seed: int = 0, batch_size: int = 256
 ) -> dict[str, np.ndarray]:
     """{f'{kind}_{steer|all}': (N,)} for inputs x (N, ...): the predictive variances as OOD scores."""
     generator = torch.Generator().manual_seed(seed)

@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from drive.errors import UserError
 from drive.options import NonNegativeInt, PositiveInt
 
 if TYPE_CHECKING:  # torch and the simulator: each function below imports what it runs, not `drive ood --help`
+    from agents.base import Controller
     from datasets.frames import ObservationCoder
 
 
@@ -126,7 +127,8 @@ def detect(cfg: OODOptions) -> int:
     except ValueError as exc:
         raise UserError(f"--perturb: {exc}") from None
     start = time.perf_counter()
-    models = {}
+    # name -> (controller, its coder's (coding, input, k), checkpoint path, training data's manifest sha256)
+    models: dict[str, tuple[Controller, tuple[str, str, int], str, str | None]] = {}
     for path in cfg.ckpt:
         model, payload = checkpoint.load_controller(path)
         fp = payload.get("data", {})
@@ -137,11 +139,12 @@ def detect(cfg: OODOptions) -> int:
         raise UserError("--ckpt: the checkpoints were trained on different data (manifest sha256 differ)")
     coders = {m[1]: ObservationCoder(*m[1]) for m in models.values()}
     inputs = _inputs(cfg, perturbations, coders)
-    results, scores = {}, {}
-    for name, (model, key, path, _) in models.items():
+    results: dict[str, dict[str, Any]] = {}
+    scores: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    for name, (model, key, ckpt, _) in models.items():
         views = {view: uncertainty_scores(model, x, cfg.samples, cfg.seed) for view, x in inputs[key].items()}
         scores[name] = views
-        results[name] = {"ckpt": path, **{str(p): auroc_report(views["clean"], views[str(p)]) for p in perturbations}}
+        results[name] = {"ckpt": ckpt, **{str(p): auroc_report(views["clean"], views[str(p)]) for p in perturbations}}
         print(name + ": " + ", ".join(f"{p} {results[name][str(p)]['auroc_epistemic_all']:.3f}" for p in perturbations))
     out = {
         "perturbations": [str(p) for p in perturbations],
