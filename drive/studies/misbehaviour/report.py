@@ -397,7 +397,7 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
     {monitor: {null: {"f3", "auroc": interval}}} (the null controls), "field": {monitor: {"f3", "auroc": interval}}
     (the field's rules on the same episodes), "windows": {family: scored windows at the TTM, summed over seeds},
     "ms_per_step": interval (the ungated cells' CPU milliseconds per car-step: simulator, rendering, controller and
-    monitors, on this machine)}} for every
+    monitors, on this machine), "nominal_return": interval (the nominal runs' mean return)}} for every
     group of `seed_groups` (see the module docstring)."""
     plan, entries = results["plan"], results["controllers"]
     out: dict[str, Any] = {}
@@ -412,6 +412,7 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
         field_values: dict[str, dict[str, list[float]]] = {}  # {monitor: {metric: per seed}}
         windows: dict[str, int] = {}
         cost: list[float] = []
+        returns: list[float] = []  # the nominal runs' mean return per seed (runs that count their cells' steps)
         misbehaviours = []
         for c in members:
             table = entries[c].get("prediction", {}).get("groups", {}).get("held_out", {})
@@ -431,6 +432,7 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             cells = entries[c].get("episodes", {}).values()
             if cells and all(cell.get("steps") and math.isfinite(cell.get("cpu_s", math.nan)) for cell in cells):
                 cost.append(1000 * sum(cell["cpu_s"] for cell in cells) / sum(cell["steps"] for cell in cells))
+                returns.append(entries[c]["episodes"].get(NOMINAL, {}).get("mean_return", math.nan))
             for monitor, rows in table.get("monitors", {}).items():
                 value = pick(rows_of(rows), plan["level"], plan["ttm"]).value
                 for metric in PREDICTION_METRICS:
@@ -463,6 +465,7 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             out[group]["windows"] = windows
         if len(cost) == len(members):
             out[group]["ms_per_step"] = interval(cost, (0.0, math.inf))
+            out[group]["nominal_return"] = interval(returns)
     for name, entry in out.items():  # Welch's p against every other group; the first group is the marked reference
         figures = [(("monitors", m), by) for m, by in entry["monitors"].items()] + [
             (("prevention",), entry["prevention"])
