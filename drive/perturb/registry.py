@@ -13,9 +13,10 @@ A spec is one of
   rng numpy Generator) -> frame (96, 96, 3) uint8` importable from the PYTHONPATH, `rng` seeded per episode from
   (shift seed, track seed). `parse_shift` imports it and calls it once on a grey frame, so a missing module or
   function, or one that returns anything but a raw frame, fails at once with one line naming it;
-- `escalate:KIND:L1,L2,...@SECONDS` (or `escalate:module:function:L1,...@SECONDS`): the perturbation benchmarks'
-  severity escalation. One family per episode; the first SECONDS of simulated time (CarRacing: 50 steps/s) are
-  clean, then the level is L1 for SECONDS, L2 for SECONDS, ..., and stays at the last level until the episode ends.
+- `escalate:KIND:L1,L2,...@SECONDS[/CLEAN]` (or `escalate:module:function:L1,...@SECONDS[/CLEAN]`): the
+  perturbation benchmarks' severity escalation. One family per episode; the first CLEAN seconds of simulated time
+  (CarRacing: 50 steps/s; default: SECONDS) are clean, then the level is L1 for SECONDS, L2 for SECONDS, ..., and
+  stays at the last level until the episode ends (`@1/3`: 3 s clean, then a new level every second: a ramp).
   The clean start is a choice: every episode then has a nominal stretch of its own before the shift, from which a
   monitor's false alarms are counted and against which its reaction to the onset is measured, and the shift never
   coincides with CarRacing's zoom-in at the start of an episode.
@@ -64,8 +65,9 @@ class Shift:
     level: float
     domain: str  # "camera" | "world" | "actuation"
     surrogate_family: bool
-    levels: tuple[float, ...] = ()  # escalation: L1, ..., Lk after a clean first interval; () for a fixed shift
+    levels: tuple[float, ...] = ()  # escalation: L1, ..., Lk after a clean start; () for a fixed shift
     interval_s: float = 0.0
+    clean_s: float | None = None  # escalation: the clean start (None: one interval)
     function: FrameFn | None = field(default=None, compare=False, repr=False)  # a user's plug-in
 
     @property
@@ -76,10 +78,15 @@ class Shift:
     def interval_steps(self) -> int:
         return max(1, round(self.interval_s * STEPS_PER_S))
 
+    @property
+    def clean_steps(self) -> int:
+        return self.interval_steps if self.clean_s is None else round(self.clean_s * STEPS_PER_S)
+
     def __str__(self) -> str:
         name = self.family.removeprefix("user:")
         if self.escalating:
-            return f"{ESCALATE}{name}:{','.join(f'{v:g}' for v in self.levels)}@{self.interval_s:g}"
+            clean = "" if self.clean_s is None else f"/{self.clean_s:g}"
+            return f"{ESCALATE}{name}:{','.join(f'{v:g}' for v in self.levels)}@{self.interval_s:g}{clean}"
         return name if self.domain == "world" else f"{name}:{self.level:g}"
 
 
@@ -107,15 +114,19 @@ def _escalation(text: str) -> Shift:
     body, sep, seconds = text.removeprefix(ESCALATE).rpartition("@")
     head, _, levels = body.rpartition(":")
     if not sep or not head or not levels:
-        raise ValueError(f"shift {text!r}: give escalate:KIND:L1,L2,...@SECONDS")
+        raise ValueError(f"shift {text!r}: give escalate:KIND:L1,L2,...@SECONDS[/CLEAN]")
+    seconds, slash, clean_text = seconds.partition("/")
     interval = _number(text, seconds)
     if interval <= 0:
         raise ValueError(f"shift {text!r}: the interval {seconds!r} must be > 0 seconds")
+    clean = _number(text, clean_text) if slash else None
+    if clean is not None and clean < 0:
+        raise ValueError(f"shift {text!r}: the clean start {clean_text!r} must be >= 0 seconds")
     base = _family(text, head)
     if base.domain == "world":
         raise ValueError(f"shift {text!r}: {head} has no level to escalate")
     values = tuple(_at(text, base, _number(text, v)).level for v in levels.split(","))
-    return Shift(base.family, values[-1], base.domain, base.surrogate_family, values, interval, base.function)
+    return Shift(base.family, values[-1], base.domain, base.surrogate_family, values, interval, clean, base.function)
 
 
 def _variant(text: str, spec: str) -> Shift | None:
@@ -226,7 +237,10 @@ class ShiftSchedule(gym.Wrapper):
 
     def stage(self, t: int) -> int:
         """0 (clean) or the index from 1 of the level in force at step t of an episode."""
-        return min(t // self.shift.interval_steps, len(self.shift.levels)) if self.shift.escalating else 1
+        if not self.shift.escalating:
+            return 1
+        clean = self.shift.clean_steps
+        return 0 if t < clean else min(1 + (t - clean) // self.shift.interval_steps, len(self.shift.levels))
 
     def level(self, stage: int) -> float | None:
         if stage == 0:

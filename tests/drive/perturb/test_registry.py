@@ -73,7 +73,8 @@ def _commands(n: int) -> np.ndarray:
      ("domain_randomize", "domain_randomize", 1.0, "world", False),
      ("steer_delay:5", "steer_delay", 5, "actuation", False),
      ("action_noise:0.1", "action_noise", 0.1, "actuation", False),
-     ("escalate:fog:0.2,0.4,0.6@4", "fog", 0.6, "camera", False)],
+     ("escalate:fog:0.2,0.4,0.6@4", "fog", 0.6, "camera", False),
+     ("escalate:fog:0.1,0.2,0.3@1/3", "fog", 0.3, "camera", False)],
 )  # fmt: skip
 def test_specs_name_family_level_domain_and_surrogate(spec, family, level, domain, surrogate):
     shift = parse_shift(f" {spec} ")
@@ -88,7 +89,8 @@ def test_specs_name_family_level_domain_and_surrogate(spec, family, level, domai
      ("wind:0.3", "unknown kind 'wind'"), ("no_such_lens_xyz:f:1", "cannot import module"),
      ("noise:x", "not a number"), ("noise:inf", "not a finite"),
      ("escalate:fog:0.2,0.4", "escalate:KIND"), ("escalate:fog:0.2,1.4@4", "out of range"),
-     ("escalate:fog:0.2@0", "must be > 0"), ("escalate:domain_randomize:1@2", "no level to escalate")],
+     ("escalate:fog:0.2@0", "must be > 0"), ("escalate:domain_randomize:1@2", "no level to escalate"),
+     ("escalate:fog:0.2@1/-1", "must be >= 0"), ("escalate:fog:0.2@1/x", "not a number")],
 )  # fmt: skip
 def test_bad_specs_are_one_line_value_errors(spec, says):
     with pytest.raises(ValueError, match=says) as err:
@@ -190,6 +192,15 @@ def test_escalation_is_clean_first_then_steps_up_every_interval():
     for frame, plain, level in zip(frames, clean, [0.0, *levels], strict=True):
         expected = FramePerturber(Perturbation("fog", level))(plain) if level else plain
         assert np.array_equal(frame, expected)
+
+
+def test_a_ramp_has_its_own_clean_start_then_a_level_every_interval():
+    shift = parse_shift("escalate:fog:0.2,0.4,0.6@0.04/0.1")  # 5 clean steps, then a level every 2 steps
+    assert (shift.clean_steps, shift.interval_steps) == (5, 2)
+    actions = _commands(12)
+    _, infos = _drive(shifted_env(make_env("carracing", max_episode_steps=30), shift), actions)
+    assert [i["shift_stage"] for i in infos[1:]] == [0] * 5 + [1] * 2 + [2] * 2 + [3] * 3
+    assert parse_shift("escalate:fog:0.2@2").clean_steps == 100  # without /CLEAN: one interval, as before
 
 
 def test_escalation_of_an_actuation_and_a_user_kind(tmp_path, monkeypatch):
