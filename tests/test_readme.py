@@ -153,17 +153,42 @@ def _cells(row: str) -> list[str]:
     return [c.strip() for c in row.strip().strip("|").split("|")]
 
 
-def test_the_readme_results_table_is_the_controllers_report():
-    """The README's one table: some columns of docs/controllers.md's headline, every row's cells as there."""
+SUMMARY = "| controller | seeds | return, nominal runs |"  # docs/misbehaviour.md's five-seed summary table
+SEEDS5 = REPO / "docs" / "misbehaviour_runs" / "seeds5_results.json.xz"
+
+
+def test_the_readme_results_table_is_the_misbehaviour_report():
+    """The README's one table: some columns of docs/misbehaviour.md's five-seed summary, every row's cells as there."""
     readme = (REPO / "README.md").read_text()
     shown = _table(readme, "## Results")
-    report = _table((REPO / "docs" / "controllers.md").read_text(), "## Headline")
+    report = _table((REPO / "docs" / "misbehaviour.md").read_text(), SUMMARY)
     columns, full = _cells(shown[0]), _cells(report[0])
-    assert columns[:3] == ["row", "n", "return clean"] and set(columns) <= set(full), columns
-    assert len(columns) <= 7, "one narrow table: the rest is in docs/controllers.md"
+    assert columns[0] == "controller" and set(columns) <= set(full), columns
+    assert len(columns) <= 9, "one narrow table: the rest is in docs/misbehaviour.md"
     picked = [full.index(c) for c in columns]
     assert [_cells(r) for r in shown[2:]] == [[_cells(r)[i] for i in picked] for r in report[2:]]
-    assert "docs/controllers.md" in _links(REPO / "README.md")
+    assert "docs/misbehaviour.md" in _links(REPO / "README.md")
+
+
+def test_the_five_seed_misbehaviour_summary_is_what_its_archived_results_make():
+    """docs/misbehaviour.md's headline summary: the rows `over_seeds` and `summary_table` make of the per-checkpoint
+    figures of the run's results.json (archived, xz), and the run met its plan: five seeds per controller, at least
+    30 scored windows per family and controller, every null and the field's rules beside the declared monitor."""
+    from drive.studies.misbehaviour.report import over_seeds
+    from drive.studies.misbehaviour.text import summary_table
+
+    with lzma.open(SEEDS5) as f:
+        results = json.load(f)
+    shown = results.pop("over_seeds")
+    results["over_seeds"] = over_seeds(results)
+    assert json.dumps(results["over_seeds"], sort_keys=True) == json.dumps(shown, sort_keys=True)
+    made = [line.replace("/seed*/best.pt", "") for line in summary_table(results)]
+    assert _table((REPO / "docs" / "misbehaviour.md").read_text(), SUMMARY) == made[1:]  # _table skips the header
+    declared = results["plan"]["gate_signal"]
+    for group, entry in results["over_seeds"].items():
+        assert len(entry["checkpoints"]) == 5 and not entry["not_run"], group
+        assert entry["windows"] and min(entry["windows"].values()) >= 30, (group, entry["windows"])
+        assert set(entry["nulls"][declared]) == {"block_permuted", "information_free"} and declared in entry["field"]
 
 
 def test_the_readme_is_for_a_newcomer():
