@@ -38,6 +38,7 @@ import numpy as np
 
 from datasets.files import atomic_write
 from datasets.root import portable
+from drive.errors import UserError
 from drive.loop.evaluate import evaluate_episodes
 from drive.loop.fallback import MODES
 from drive.loop.lanes import episodes_in
@@ -140,8 +141,15 @@ def timed_episodes(
 ARRAYS = ("signals", "busy", "monitor_scores")
 
 
-def save_cell(path: Path, cell: Cell, records: Sequence[dict[str, Any]], seconds: float) -> None:
-    """One .npz: `meta` (JSON: the cell and each episode's record without arrays) and the arrays per episode."""
+# what a cell's episodes depend on besides the cell itself; a cell driven with other values is refused
+DRIVEN_WITH = ("max_episode_steps", "samples", "shadow", "seed", "selforacle", "thirdeye")
+
+
+def save_cell(
+    path: Path, cell: Cell, records: Sequence[dict[str, Any]], seconds: float, run: RunSettings | None = None
+) -> None:
+    """One .npz: `meta` (JSON: the cell, the settings it was driven with and each episode's record without arrays)
+    and the arrays per episode."""
     arrays: dict[str, np.ndarray] = {}
     episodes = []
     for i, record in enumerate(records):
@@ -159,6 +167,8 @@ def save_cell(path: Path, cell: Cell, records: Sequence[dict[str, Any]], seconds
         "episodes": episodes,
         "seconds": seconds,
     }
+    if run is not None:
+        meta["settings"] = {k: portable(getattr(run, k)) for k in DRIVEN_WITH}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub takes **kwds for allow_pickle
@@ -186,14 +196,21 @@ def ensure_cell(out: Path, cell: Cell, run: RunSettings) -> dict[str, Any]:
     if path.is_file():
         saved = load_cell(path)
         if saved["cell"]["seeds"] != list(cell.seeds) or not _same(saved["cell"]["threshold"], cell.threshold):
-            raise ValueError(
+            raise UserError(
                 f"{path} holds other seeds or another threshold than this run asks for; use another "
                 "--out or delete the cell"
+            )
+        asked = {k: portable(getattr(run, k)) for k in DRIVEN_WITH}
+        other = {k: v for k, v in saved.get("settings", {}).items() if asked.get(k) != v}
+        if other:  # cells written before the settings were stored carry none: nothing to compare
+            raise UserError(
+                f"{path} was driven with other settings ({', '.join(f'{k}={v}' for k, v in other.items())}) "
+                "than this run asks for; use another --out or delete the cell"
             )
         return saved
     start = time.perf_counter()
     records = run_cell(cell, run)
-    save_cell(path, cell, records, time.perf_counter() - start)
+    save_cell(path, cell, records, time.perf_counter() - start, run)
     return load_cell(path)
 
 

@@ -352,3 +352,21 @@ def test_a_false_alarm_budget_sets_the_lowest_threshold_whose_replayed_gate_stay
     for value in run(0)["signals"][:, 3]:
         gate.update(float(value))
     assert len(gate.interventions) == 1
+
+
+def test_a_cell_driven_with_other_settings_is_refused_not_mixed_in(tmp_path):
+    """A finished cell records what its episodes depend on (episode length, samples, seed, monitors); a rerun that
+    asks for other values stops in one line instead of mixing cells of two settings in one table."""
+    import numpy as np
+
+    from drive.studies.misbehaviour.grid import Cell, RunSettings, cell_path, ensure_cell, save_cell
+
+    cell = Cell("runs/a.pt", "nominal", (1,))
+    record = {"seed": 1, "return": 1.0, "events": [], "signals": np.zeros((5, 4)), "busy": np.zeros(5, bool)}
+    save_cell(cell_path(tmp_path, cell), cell, [record], 1.0, RunSettings(max_episode_steps=600, thirdeye=False))
+    assert (
+        ensure_cell(tmp_path, cell, RunSettings(max_episode_steps=600, thirdeye=False))["settings"]["max_episode_steps"]
+        == 600
+    )  # the same settings: the cell is read back, nothing driven
+    with pytest.raises(ValueError, match=r"driven with other settings \(max_episode_steps=600\)"):
+        ensure_cell(tmp_path, cell, RunSettings(max_episode_steps=750, thirdeye=False))
