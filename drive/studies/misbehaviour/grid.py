@@ -51,6 +51,7 @@ from drive.studies.misbehaviour.monitors import MonitorFactory
 from drive.studies.misbehaviour.protocol import FIELD, LEVELS, SCORINGS, TTMS, ProtocolConfig
 from drive.studies.misbehaviour.report import NOMINAL
 from drive.studies.misbehaviour.rows import same_level
+from drive.studies.misbehaviour.seeds import over_seeds
 
 
 @dataclass(frozen=True)
@@ -384,7 +385,7 @@ def run_plan(out: Path, plan: Plan, run: RunSettings, run_missing: bool = True) 
                 entry.setdefault("fallbacks", {})[mode] = block
         results["controllers"][controller] = entry
     results["cells_wall_s"] = seconds
-    results["over_seeds"] = report.over_seeds(results)
+    results["over_seeds"] = over_seeds(results)
     return results
 
 
@@ -414,7 +415,7 @@ def score_records(folder: Path, plan: Plan) -> dict[str, Any]:
         entry["fallback_skipped"] = "scored from records: prevention needs driving"
         results["controllers"][controller] = entry
     results["cells_wall_s"] = 0.0
-    results["over_seeds"] = report.over_seeds(results)
+    results["over_seeds"] = over_seeds(results)
     return results
 
 

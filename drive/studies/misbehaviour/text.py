@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from drive.studies.misbehaviour.report import fallbacks, figure_at
+from drive.studies.misbehaviour.report import fallbacks
 from drive.studies.misbehaviour.rows import Row, pick, rows_of
+from drive.studies.misbehaviour.seeds import figure_at
 from drive.studies.over_seeds import cell_text, holm_marks, holm_note
 
 
@@ -203,7 +204,7 @@ def prevention_table(results: dict[str, Any]) -> list[str]:
 
 def seeds_table(results: dict[str, Any]) -> list[str]:
     """Prediction (held-out families, the plan's level and TTM) and prevention as mean [95 % bootstrap interval] over
-    the training seeds of each controller trained on several (drive/studies/misbehaviour/report.py `over_seeds`), `*`
+    the training seeds of each controller trained on several (drive/studies/misbehaviour/seeds.py `over_seeds`), `*`
     where Welch's p against the first controller survives Holm over the table's comparisons, counted in its note."""
     groups = results.get("over_seeds", {})
     if not groups:

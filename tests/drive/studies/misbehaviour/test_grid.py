@@ -132,7 +132,7 @@ def _controller(f3: float, prevented_with: int) -> dict:
 
 
 def test_seeds_of_one_controller_become_a_mean_with_an_interval_and_differences_are_tested(tmp_path):
-    from drive.studies.misbehaviour.report import over_seeds, seed_groups
+    from drive.studies.misbehaviour.seeds import over_seeds, seed_groups
     from drive.studies.misbehaviour.text import seeds_table
 
     assert seed_groups(["r/a/seed0/best.pt", "r/a/seed1/best.pt", "r/myseed1.pt", "r/b/seed0/best.pt"]) == {
