@@ -174,8 +174,8 @@ def test_the_five_seed_misbehaviour_summary_is_what_its_archived_results_make():
     """docs/misbehaviour.md's headline summary: the rows `over_seeds` and `summary_table` make of the per-checkpoint
     figures of the run's results.json (archived, xz), and the run is what its plan says: five seeds per controller,
     the scored windows per family counted, every null and the field's rules beside the declared monitor."""
+    from drive.studies.misbehaviour.seed_tables import summary_table
     from drive.studies.misbehaviour.seeds import over_seeds
-    from drive.studies.misbehaviour.text import summary_table
 
     with lzma.open(SEEDS5) as f:
         results = json.load(f)
@@ -230,8 +230,8 @@ def test_a_bench_page_is_what_its_archived_records_make(tmp_path, monkeypatch, a
 def test_the_misbehaviour_headline_is_what_its_archived_results_make():
     """docs/misbehaviour.md's three-seed table: every row is what `over_seeds` and `seeds_table` make of the per-
     checkpoint figures of the run's results.json (archived, xz: docs/misbehaviour_runs/), recomputed here."""
+    from drive.studies.misbehaviour.seed_tables import seeds_table
     from drive.studies.misbehaviour.seeds import over_seeds
-    from drive.studies.misbehaviour.text import seeds_table
 
     with lzma.open(REPO / "docs" / "misbehaviour_runs" / "seeds3_results.json.xz") as f:
         results = json.load(f)

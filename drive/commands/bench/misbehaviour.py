@@ -109,8 +109,9 @@ def run(cfg: Config) -> int:
     from drive.loop.pool import check_ray
     from drive.loop.seeds import parse_seeds
     from drive.perturb.registry import parse_shift  # the simulator, OpenCV and torch: not for `--help`
+    from drive.studies.misbehaviour.cells import RunSettings
     from drive.studies.misbehaviour.figures import write_report
-    from drive.studies.misbehaviour.grid import Plan, RunSettings, run_plan
+    from drive.studies.misbehaviour.grid import Plan, run_plan
     from drive.studies.misbehaviour.records import load_monitors
     from drive.studies.misbehaviour.text import headline
 

@@ -1,5 +1,6 @@
 """The misbehaviour benchmark's figures and its files on disk: F3 against the time to misbehaviour (f3.png), the
-figures over training seeds (seeds.png), and `write_report` (results.json, results.md from text.py, the figures)."""
+figures over training seeds (seeds.png), results.md (`markdown`, from the tables of text.py and seed_tables.py) and
+`write_report` (results.json, results.md, the figures)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 from datasets.files import atomic_write
 from datasets.root import portable
 from drive.studies.misbehaviour.rows import pick, rows_of
-from drive.studies.misbehaviour.text import labels, markdown
+from drive.studies.misbehaviour.seed_tables import seeds_table, summary_table
+from drive.studies.misbehaviour.text import headline, labels, modes, pooling_note, prediction_table, prevention_table
 
 
 def plot_f3(results: dict[str, Any], path: Path) -> Path | None:
@@ -105,3 +107,75 @@ def write_report(out: Path, results: dict[str, Any]) -> list[Path]:
     atomic_write(out / "results.md", markdown(results).encode())
     figures = [plot_seeds(results, out / "seeds.png") or plot_f3(results, out / "f3.png")]
     return [out / "results.json", out / "results.md", *(f for f in figures if f)]
+
+
+def markdown(results: dict[str, Any]) -> str:
+    plan = results["plan"]
+    run = results.get("this_run", {})
+    lines = [
+        "# Misbehaviour prediction and prevention (`drive bench misbehaviour`)",
+        "",
+        f"Controllers: {', '.join(plan['controllers'])}; nominal seeds {len(plan['nominal_seeds'])}, "
+        f"{len(plan['seeds'])} seeds per shifted condition; levels {plan['levels']}, TTM {plan['ttms']} s; "
+        f"{plan['n_boot']} bootstrap replicates. Windows: {results['protocol']['windows']}.",
+        "",
+        "## Prediction on held-out families (the headline)",
+        "",
+        headline(results),
+        "",
+        *(
+            [
+                "## Summary over training seeds (held-out families, the declared monitor; mean [95 % bootstrap "
+                "interval] over seeds)",
+                "",
+                *summary_table(results),
+                "",
+            ]
+            if results.get("over_seeds")
+            else []
+        ),
+        *(
+            [
+                "## Over training seeds (held-out families; mean [95 % bootstrap interval] over seeds, * Welch p "
+                f"against {labels(list(results['over_seeds']))[next(iter(results['over_seeds']))]}, same monitor, "
+                "below 0.05 after Holm over the table)",
+                "",
+                *seeds_table(results),
+                "",
+            ]
+            if results.get("over_seeds")
+            else []
+        ),
+        "## Prediction on NSAC's surrogate families (noise, brightness: trained on, reported apart)",
+        "",
+        *prediction_table(results, "surrogate"),
+        "",
+        *([pooling_note(results, "surrogate"), ""] if pooling_note(results, "surrogate") else []),
+        "## Prevention and its false-alarm cost",
+        "",
+        f"The fallback ({modes(plan)}) engages when the declared monitor "
+        f"({plan.get('gate_signal', 'epistemic_steer')}) reaches its threshold "
+        + (
+            f"for a false-alarm budget of {plan['gate_budget']:g} hand-overs per km (the gate replayed on the "
+            "calibration seeds' nominal runs)"
+            if plan.get("gate_budget")
+            else f"at level {plan['level']}"
+        )
+        + ", fitted on every other nominal seed; the gated nominal runs drive the others (their interventions / km: "
+        "the budget measured out of sample). slow uses nothing privileged (a stall "
+        "while engaged is a safe stop, counted apart); expert hands over to the PPO expert, which drives from "
+        "privileged state: an oracle bound. Episodes that misbehave before their first scorable window are counted "
+        "apart (early).",
+        "",
+        *prevention_table(results),
+        "",
+        "## The field's published figures (Udacity simulator: another setting, beside ours)",
+        "",
+        *(f"- {who}: {what}" for who, what in results["published"]),
+        "",
+        f"Cost: this run {run.get('wall_s', 0) / 3600:.2f} h wall, {run.get('cpu_s', 0) / 3600:.2f} CPU-hours "
+        f"(this process and its pool workers; Ray workers not counted); all cells "
+        f"{results.get('cells_wall_s', 0) / 3600:.2f} h wall.",
+        "",
+    ]
+    return "\n".join(lines)

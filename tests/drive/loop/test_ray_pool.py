@@ -138,7 +138,7 @@ def test_ray_misbehaviour_cells_equal_the_process_pool_s(ray_cluster, tmp_path):
     import numpy as np
 
     from drive.loop.options import SHIPPED_CONTROLLER
-    from drive.studies.misbehaviour.grid import Cell, RunSettings, run_cell
+    from drive.studies.misbehaviour.cells import Cell, RunSettings, run_cell
 
     cell = Cell(str(SHIPPED_CONTROLLER), "blur:4", (7100, 7101))
     settings = RunSettings(max_episode_steps=80, workers=2, envs=1, progress=False)

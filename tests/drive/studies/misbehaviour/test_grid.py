@@ -132,8 +132,8 @@ def _controller(f3: float, prevented_with: int) -> dict:
 
 
 def test_seeds_of_one_controller_become_a_mean_with_an_interval_and_differences_are_tested(tmp_path):
+    from drive.studies.misbehaviour.seed_tables import seeds_table
     from drive.studies.misbehaviour.seeds import over_seeds, seed_groups
-    from drive.studies.misbehaviour.text import seeds_table
 
     assert seed_groups(["r/a/seed0/best.pt", "r/a/seed1/best.pt", "r/myseed1.pt", "r/b/seed0/best.pt"]) == {
         "r/a/seed*/best.pt": ["r/a/seed0/best.pt", "r/a/seed1/best.pt"]
@@ -162,7 +162,7 @@ def test_seeds_of_one_controller_become_a_mean_with_an_interval_and_differences_
     assert "| b/seed*/best.pt | 3 | 10, 10, 10 | epistemic_steer |" in table and "0.910 [0.900, 0.920] *" in table
     p = b["prevention"]["prevented"]["p_vs"]["r/a/seed*/best.pt"]
     assert p == a["prevention"]["prevented"]["p_vs"]["r/b/seed*/best.pt"] and p < 0.05  # every pair, both ways
-    from drive.studies.misbehaviour.text import summary_table
+    from drive.studies.misbehaviour.seed_tables import summary_table
 
     summary = summary_table({**results, "plan": {**results["plan"], "fallback": ["slow", "expert"]}})
     assert summary[0].startswith("| controller | seeds | return, nominal runs | scored windows per family | F3 (epi")
@@ -183,7 +183,8 @@ def test_a_controller_that_misbehaves_on_every_nominal_run_gets_no_prevention_ce
     prevention is reported as skipped (with the reason) while the other controllers' grid goes on."""
     import numpy as np
 
-    from drive.studies.misbehaviour.grid import Cell, Plan, RunSettings, run_plan, save_cell
+    from drive.studies.misbehaviour.cells import Cell, RunSettings, save_cell
+    from drive.studies.misbehaviour.grid import Plan, run_plan
     from drive.studies.misbehaviour.text import prevention_table
 
     def record(seed: int) -> dict:
@@ -208,7 +209,8 @@ def test_the_headline_level_and_ttm_are_scored_and_the_fields_rules_shown_beside
     one line; the default protocol keeps the field's rules' F3 and AUROC beside ours, --protocol field does not."""
     import numpy as np
 
-    from drive.studies.misbehaviour.grid import Cell, Plan, RunSettings, run_plan, save_cell
+    from drive.studies.misbehaviour.cells import Cell, RunSettings, save_cell
+    from drive.studies.misbehaviour.grid import Plan, run_plan
     from drive.studies.misbehaviour.text import prediction_table
 
     assert main(["bench", "misbehaviour", "--out", str(tmp_path / "x"), "--level", "1"]) == 2
@@ -252,7 +254,8 @@ def test_the_gate_reads_the_declared_monitor_fitted_on_half_the_nominal_seeds(tm
     import numpy as np
 
     from drive.studies.misbehaviour import grid as misbehaviour
-    from drive.studies.misbehaviour.grid import Cell, Plan, RunSettings, run_plan, save_cell
+    from drive.studies.misbehaviour.cells import Cell, RunSettings, save_cell
+    from drive.studies.misbehaviour.grid import Plan, run_plan
     from drive.studies.misbehaviour.report import nominal_threshold
     from drive.studies.misbehaviour.text import prediction_table
 
@@ -359,7 +362,7 @@ def test_a_cell_driven_with_other_settings_is_refused_not_mixed_in(tmp_path):
     asks for other values stops in one line instead of mixing cells of two settings in one table."""
     import numpy as np
 
-    from drive.studies.misbehaviour.grid import Cell, RunSettings, cell_path, ensure_cell, save_cell
+    from drive.studies.misbehaviour.cells import Cell, RunSettings, cell_path, ensure_cell, save_cell
 
     cell = Cell("runs/a.pt", "nominal", (1,))
     record = {"seed": 1, "return": 1.0, "events": [], "signals": np.zeros((5, 4)), "busy": np.zeros(5, bool)}

@@ -14,7 +14,8 @@ import pytest
 
 from drive.cli import main
 from drive.loop.failures import SIGNALS
-from drive.studies.misbehaviour.grid import Cell, Plan, RunSettings, cell_path, run_plan, save_cell
+from drive.studies.misbehaviour.cells import Cell, RunSettings, cell_path, save_cell
+from drive.studies.misbehaviour.grid import Plan, run_plan
 
 HERE = "tests.drive.studies.misbehaviour.test_records"
 CONTROLLER = "runs/a.pt"

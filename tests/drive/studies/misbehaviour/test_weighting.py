@@ -15,7 +15,8 @@ import pytest
 
 from drive import metrics
 from drive.cli import main
-from drive.studies.misbehaviour.grid import Cell, Plan, RunSettings, cell_path, run_plan, save_cell
+from drive.studies.misbehaviour.cells import Cell, RunSettings, cell_path, save_cell
+from drive.studies.misbehaviour.grid import Plan, run_plan
 from drive.studies.misbehaviour.nulls import with_nulls
 from drive.studies.misbehaviour.protocol import (
     FIELD,
