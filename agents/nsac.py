@@ -272,9 +272,10 @@ class NSAC(Controller):
         return self.head(x, samples, generator)
 
     def deterministic_pass(self, x: Tensor) -> Prediction:
-        """The mean-logit pass (no OU noise), standardised units: what SA resamples the attention of."""
+        """The mean-logit pass (no OU noise), standardised units: what SA resamples the attention of. Its noise
+        variance carries the aleatoric temperature, as `predict`'s does (and every other method's pass)."""
         mu, var = self.head(x, 1, sample=False)  # (1, B, D) each
-        return Prediction(mu[0], var[0], torch.zeros_like(mu[0]))
+        return Prediction(mu[0], var[0] * self.aleatoric_temperature**2, torch.zeros_like(mu[0]))
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         cfg, n = self.cfg, self.cfg.n_passes

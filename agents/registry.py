@@ -2,6 +2,10 @@
 
 Each value is a frozen config dataclass with fields `encoder: EncoderConfig` and `out_dim: int` and a `build()`
 method returning the `Controller`. No import-time side effects: adding a method means adding a line here.
+`CONTROLLERS` are trained (`drive train --controller NAME`); `WRAPPERS` are made from a trained one after training
+(SA at a calibrated nu, `drive sa calibrate`) and only loaded: their config names the trained controller (`base`, a
+CONTROLLERS name) and holds its config (`base_config`), and derives `encoder` / `out_dim` from it (init=False fields,
+written to a checkpoint for its readers, recomputed on loading).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from agents.ivon_vi import IVONConfig
 from agents.mc_dropout import MCDropoutConfig
 from agents.nsac import NSACConfig
 from agents.patch_forecaster import PatchTSTConfig
+from agents.sa_controller import SAControllerConfig
 from agents.sde_net import SDENetConfig
 from agents.swag import MultiSWAGConfig, SWAGConfig
 
@@ -43,25 +48,44 @@ CONTROLLERS: dict[str, type] = {
     "ft-hsa": HSAConfig,
 }
 
+WRAPPERS: dict[str, type] = {
+    "sa": SAControllerConfig,  # a trained controller with inference-time stochastic attention at a fixed nu
+}
+
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """Primitives only (tuples become lists), safe for torch.load(weights_only=True)."""
     return dataclasses.asdict(cfg)
 
 
+def loadable() -> dict[str, type]:
+    """Every controller a checkpoint may hold: the trained ones and the wrappers."""
+    return {**CONTROLLERS, **WRAPPERS}
+
+
 def config_from_dict(name: str, data: dict[str, Any]) -> Any:
-    """Rebuild a registered controller config (nested EncoderConfig included) from `config_to_dict` output."""
-    if name not in CONTROLLERS:
-        raise ValueError(f"unknown controller {name!r}; registered: {sorted(CONTROLLERS)}")
-    cls = CONTROLLERS[name]
+    """Rebuild a registered controller config (nested EncoderConfig and a wrapper's base config included) from
+    `config_to_dict` output."""
+    registered = loadable()
+    if name not in registered:
+        raise ValueError(f"unknown controller {name!r}; registered: {sorted(registered)}")
+    cls = registered[name]
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - known
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
     if unknown:
         raise ValueError(f"config for {name!r} has unknown fields {sorted(unknown)}")
     kwargs = {}
     for key, value in data.items():
-        if hints.get(key) is EncoderConfig and isinstance(value, dict):
+        if not fields[key].init:  # derived (a wrapper's encoder / out_dim): recomputed from what it derives from
+            continue
+        if name in WRAPPERS and key == "base_config":
+            if data.get("base") not in CONTROLLERS:
+                raise ValueError(
+                    f"{name!r} wraps a trained controller; base {data.get('base')!r} is none of {sorted(CONTROLLERS)}"
+                )
+            value = config_from_dict(data["base"], value)
+        elif hints.get(key) is EncoderConfig and isinstance(value, dict):
             value = EncoderConfig(**value)
         elif isinstance(value, list):
             value = tuple(value)
@@ -70,6 +94,6 @@ def config_from_dict(name: str, data: dict[str, Any]) -> Any:
 
 
 def build_controller(name: str, cfg: Any):
-    if name not in CONTROLLERS:
-        raise ValueError(f"unknown controller {name!r}; registered: {sorted(CONTROLLERS)}")
+    if name not in loadable():
+        raise ValueError(f"unknown controller {name!r}; registered: {sorted(loadable())}")
     return cfg.build()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from agents.registry import CONTROLLERS, config_from_dict
+from agents.registry import config_from_dict, loadable
 from datasets.files import atomic_write
 from drive.errors import UserError
 
@@ -188,11 +188,12 @@ def read(path: str | os.PathLike, kind: str | None = None) -> dict[str, Any]:
 
 
 def load_controller(path: str | os.PathLike) -> tuple[Controller, dict[str, Any]]:
-    """Rebuild a trained controller from the file alone; returns (controller in eval mode, payload)."""
+    """Rebuild a trained controller (or a wrapper of one: agents/registry.py WRAPPERS, e.g. SA at a calibrated nu)
+    from the file alone; returns (controller in eval mode, payload)."""
     payload = read(path, kind="controller")
     name = payload["name"]
-    if name not in CONTROLLERS:
-        raise CheckpointError(f"{path}: unknown controller {name!r}; registered: {sorted(CONTROLLERS)}")
+    if name not in loadable():
+        raise CheckpointError(f"{path}: unknown controller {name!r}; registered: {sorted(loadable())}")
     try:
         cfg = config_from_dict(name, payload["config"])
         model = cfg.build()

@@ -20,7 +20,9 @@ with y the controller's mean steering prediction (action 0) and A the rectified 
 the shared frame CNN (agents/encoders.py FrameTokens.cnn: convolutions at indices 0, 2, 4; A is the ReLU at index 5,
 (32, 7, 7) per frame), for the NEWEST frame of the stack. The mean prediction is `model.predict(x)` with a seeded
 generator, so sampling methods (MC dropout, SDE-Net, NSAC) give a replayable map; a deep ensemble's first member
-(each member has its own encoder, and Grad-CAM reads one).
+(each member has its own encoder, and Grad-CAM reads one); a trained controller driven with SA
+(agents/sa_controller.py) its base's map: SA resamples only the attention after the encoder, and its mean is the
+base's prediction in expectation (a Grad-CAM through its M resampled passes would be one noisy draw of it).
 
 Departures, and why:
 - Grad-CAM instead of their SmoothGrad: it reads the controller's own last convolution (7 x 7 cells of our 84 x 84
@@ -51,6 +53,9 @@ LAST_CONV, ITS_RELU = 4, 5  # FrameTokens.cnn: Conv2d at 0, 2, 4, each followed 
 def mean_prediction_path(model: nn.Module, seed: int = 0) -> tuple[FrameTokens, Callable[[Tensor], Tensor]]:
     """The controller's FrameTokens encoder and its mean prediction x -> (B, D) through that encoder."""
     controller: Any = model  # an agents.base.Controller; typed loosely so a stand-in with `predict` works too
+    base = getattr(controller, "base", None)
+    if isinstance(base, nn.Module) and hasattr(base, "predict"):  # a wrapper of a trained controller (SA)
+        return mean_prediction_path(base, seed)
     members = getattr(controller, "members", None)
     if members is not None:  # a deep ensemble: the first member, through its own encoder
         member = members[0]

@@ -86,7 +86,8 @@ class SAOptions:
     frames: NonNegativeInt = 1024
     """calibration inputs: the validation split subsampled evenly to this many (0 = all)"""
     passes: IntRange(2) = 8
-    """stochastic SA passes M per evaluation of nu, and for the test predictive with SA"""
+    """stochastic SA passes M per evaluation of nu, for the test predictive with SA, and the saved controller's
+    default sample count"""
     seed: NonNegativeInt = 0
     """seed of the SA resampling (common random numbers) and of the Thompson draws"""
     batch_size: PositiveInt = 512
@@ -96,6 +97,9 @@ class SAOptions:
     data: Path | None = None
     """the checkpoint's data when it is not where its fingerprint says (a fresh clone): demonstrations regenerated
     by `drive collect` (the error names the command), or a task's data root"""
+    head_variance: bool = True
+    """the saved SA controller's aleatoric variance is the head's predicted noise (sa.json test.with_sa_plus_head);
+    --no-head-variance: 0, SA's spread alone (test.with_sa)"""
 
 
 SELECT = ("val_nll", "val_mse")  # the validation score that picks best.pt and stops early

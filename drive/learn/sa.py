@@ -1,5 +1,6 @@
 """Inference-time stochastic attention (SA) on a trained controller: nu chosen on its validation split, its test split
-reported without and with SA (`drive sa calibrate --ckpt PATH`).
+reported without and with SA, and the controller with SA engaged at that nu written as a checkpoint to drive
+(`drive sa calibrate --ckpt PATH --out DIR`; DIR/sa_controller.pt, agents/sa_controller.py).
 
 SA (agents/layers/stochastic_attention.py) resamples the attention weights of a trained model; its concentration nu
 is chosen on a held-out calibration split by `agents.sa.calibrate_nu` (Bayesian optimisation of L_SA). Here:
@@ -13,35 +14,41 @@ is chosen on a held-out calibration split by `agents.sa.calibrate_nu` (Bayesian 
 - on the test split: the controller's own predictive (`predict`, as `drive train` reports it) against SA at the
   chosen nu, M passes of the deterministic pass: mean = E_m[mean_m], epistemic = Var_m[mean_m] + E_m[epistemic_m]
   (law of total variance; the last term is the deterministic pass's own epistemic variance: 0 for GMLE and NSAC's
-  mean-logit pass, the member disagreement for DE, the NIG closed form for DER).
+  mean-logit pass, the member disagreement for DE, the NIG closed form for DER). That predictive is
+  `agents.sa_controller.SAController`'s `predict`, the very controller `save_controller` writes: the checkpoint,
+  loaded and asked with the same seed and batches, gives the test report in sa.json bit for bit.
 - the head's predicted noise, both ways (`test.with_sa` and `test.with_sa_plus_head` in sa.json): L_SA tunes the
   pass spread to the whole residual ||y - f(x)||, noise included, so for a Gaussian-head controller adding the
   head's aleatoric variance E_m[aleatoric_m] on top counts the noise twice (the FT-Transformer's docstring makes the
   same argument for a point model). `with_sa` is SA as the paper defines it, the spread alone (aleatoric 0);
   `with_sa_plus_head` adds the head's variance, what this command reported before. Which calibrates better is a
-  measurement per controller and task: docs/sa_study.md shows both.
+  measurement per controller and task (docs/methods.md: on a GMLE the spread alone under-covers, the head's noise
+  on top covers); the saved controller keeps the head's noise unless `--no-head-variance`.
 The encoder runs once per stack: SA only touches attention, so every encoder is swapped for a lookup into tokens
-computed beforehand (`_cached_encoders`) and the M passes run the attention and heads alone.
+computed beforehand (agents/layers/token_cache.py) and the M passes run the attention and heads alone.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from agents.base import Prediction
-from agents.layers.stochastic_attention import stochastic_attention
+from agents.layers.token_cache import cached_encoders, chunked_pass
+from agents.registry import config_from_dict, config_to_dict
 from agents.sa import calibrate_nu
+from agents.sa_controller import SAController, SAControllerConfig
 from datasets.regenerate import relocate
-from drive import metrics
+from datasets.root import portable
+from drive import checkpoint, metrics
 from drive.checkpoint import load_controller
 from drive.errors import UserError
 from drive.learn import tasks
@@ -53,83 +60,6 @@ log = logging.getLogger(__name__)
 NU_BOUNDS = (1, 1 << 16)  # widened by agents.sa.calibrate_nu while the choice sits on an edge
 MAX_EVALS = 12  # agents.sa.calibrate_nu's default budget of L_SA evaluations
 SHOWN = ("mse", "nll", "crps", "ece", "coverage_90", "width_90", "aleatoric_var", "epistemic_var")
-
-
-class _Take(nn.Module):
-    """Stands in for encoder i: (B, E, T, d) precomputed tokens of all E encoders -> (B, T, d) of this one."""
-
-    def __init__(self, index: int):
-        super().__init__()
-        self.index = index
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        return tokens[:, self.index]
-
-
-@contextmanager
-def _cached_encoders(model: nn.Module, batch_size: int) -> Iterator[Callable[[Tensor], Tensor]]:
-    """Swap each `encoder` submodule for `_Take(i)`; yields tokens(x) -> (B, E, T, d) from the original encoders.
-
-    Inside the block the model takes those tokens as its input. The encoders are put back on exit (also on error).
-    """
-    if getattr(getattr(model, "cfg", None), "time_feature", -1) >= 0:
-        raise ValueError("NSAC reads time stamps from its raw input (time_feature >= 0): tokens cannot stand in")
-    slots = [(model.get_submodule(n.rpartition(".")[0]), n.rpartition(".")[2]) for n, _ in model.named_modules()]
-    slots = [(parent, attr) for parent, attr in slots if attr == "encoder"]
-    if not slots:
-        raise ValueError(f"{type(model).__name__} has no `encoder` submodule")
-    encoders = [getattr(parent, attr) for parent, attr in slots]
-
-    @torch.no_grad()
-    def tokens(x: Tensor) -> Tensor:
-        parts = [torch.stack([enc(x[s : s + batch_size]) for enc in encoders], 1) for s in range(0, len(x), batch_size)]
-        return torch.cat(parts)  # (B, E, T, d)
-
-    try:
-        for i, (parent, attr) in enumerate(slots):
-            setattr(parent, attr, _Take(i))
-        yield tokens
-    finally:
-        for (parent, attr), enc in zip(slots, encoders, strict=True):
-            setattr(parent, attr, enc)
-
-
-def _chunked(model: nn.Module, tokens: Tensor, batch_size: int) -> Prediction:
-    parts = [model.deterministic_pass(tokens[s : s + batch_size]) for s in range(0, len(tokens), batch_size)]  # type: ignore[operator]
-    return Prediction(*(torch.cat(ts) for ts in zip(*parts, strict=True)))
-
-
-class SAPredictor:
-    """`predict` of the controller under SA at concentration nu: M stochastic passes of the deterministic pass,
-    combined by the law of total variance, in original units. Must be used inside `_cached_encoders`."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        tokens: Callable[[Tensor], Tensor],
-        nu: int,
-        n_passes: int,
-        batch_size: int,
-        head_variance: bool = False,
-    ):
-        self.model, self.tokens = model, tokens
-        self.nu, self.n_passes, self.batch_size = nu, n_passes, batch_size
-        self.head_variance = head_variance
-
-    def eval(self) -> SAPredictor:
-        return self
-
-    @torch.no_grad()
-    def predict(self, x: Tensor, samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
-        t = self.tokens(x)  # (B, E, T, d)
-        m, b = self.n_passes, len(x)
-        with stochastic_attention(self.model, self.nu, generator):
-            p = _chunked(self.model, t.repeat(m, 1, 1, 1), self.batch_size)  # (M*B, D) each
-        mean, ale, epi = (v.view(m, b, -1) for v in p)  # (M, B, D) each
-        scale = self.model.y_scale
-        total_epi = mean.var(0, unbiased=False) + epi.mean(0)
-        ale = ale.mean(0) if self.head_variance else torch.zeros_like(total_epi)  # the head's noise, or none
-        return Prediction(mean.mean(0) * scale + self.model.y_loc, ale * scale**2, total_epi * scale**2)
 
 
 def _calibration_batch(val: Any, n_frames: int) -> tuple[Tensor, Tensor]:
@@ -184,8 +114,25 @@ def _progress_over_evaluations(show: bool, total: int) -> Iterator[None]:
             sa_log.propagate = propagate
 
 
-def calibrate(opts: SAOptions) -> dict:
-    """Choose nu on the validation split, report the test split without and with SA; returns sa.json's dict."""
+def _fingerprint(payload: dict[str, Any], data: Path | None) -> dict[str, Any]:
+    """The checkpoint's data fingerprint, pointed at `data` where given (demonstrations regenerated elsewhere, or
+    another data root)."""
+    fingerprint = dict(payload.get("data", {}))
+    if data is None:
+        return fingerprint
+    if fingerprint.get("task") == "demos":
+        return dict(relocate(fingerprint, data))
+    return {**fingerprint, "data_path": str(data)}
+
+
+class SACalibration(NamedTuple):
+    report: dict[str, Any]  # sa.json's dict
+    controller: SAController  # SA at the chosen nu, the head's noise as `opts.head_variance` says (sa_controller.pt)
+    payload: dict[str, Any]  # the base checkpoint's
+
+
+def calibrate(opts: SAOptions) -> SACalibration:
+    """Choose nu on the validation split, report the test split without and with SA, and build the SA controller."""
     if opts.passes < 2:
         raise UserError(f"--passes must be >= 2 (SA dispersion needs several passes), got {opts.passes}")
     start = time.perf_counter()
@@ -194,25 +141,18 @@ def calibrate(opts: SAOptions) -> dict:
     refusal = getattr(model, "sa_refusal", None)
     if refusal:
         raise UserError(f"{opts.ckpt}: controller {name!r} has no deterministic base pass: {refusal}")
-    fingerprint = dict(payload.get("data", {}))
-    if opts.data is not None:  # demonstrations regenerated elsewhere, or another data root
-        fingerprint = (
-            dict(relocate(fingerprint, opts.data))
-            if fingerprint.get("task") == "demos"
-            else {**fingerprint, "data_path": str(opts.data)}
-        )
-    data = tasks.rebuild(fingerprint)
+    data = tasks.rebuild(_fingerprint(payload, opts.data))
     x_cal, y_cal = _calibration_batch(data.val, opts.frames)
     log.info("%s: %d calibration inputs, %d test inputs", opts.ckpt, len(x_cal), len(data.test))
     without = test_report(model, data.test, data.target_names, opts.batch_size, opts.seed)
     y_std = (y_cal - model.y_loc) / model.y_scale  # (N, D)
-    with _cached_encoders(model, opts.batch_size) as tokens:
+    with cached_encoders(model, opts.batch_size) as tokens:
         encode_start = time.perf_counter()
         t_cal = tokens(x_cal)  # (N, E, T, d)
         encode_s = time.perf_counter() - encode_start
 
         def forward(m: nn.Module, t: Tensor) -> Tensor:
-            return _chunked(m, t, opts.batch_size).mean
+            return chunked_pass(m, t, opts.batch_size).mean
 
         with _progress_over_evaluations(opts.progress, MAX_EVALS):
             result = calibrate_nu(
@@ -225,11 +165,13 @@ def calibrate(opts: SAOptions) -> dict:
                 max_evals=MAX_EVALS,
                 seed=opts.seed,
             )
-        predictor = SAPredictor(model, tokens, result.nu, opts.passes, opts.batch_size)
-        with_sa = test_report(predictor, data.test, data.target_names, opts.batch_size, opts.seed)
-        predictor.head_variance = True
-        with_head = test_report(predictor, data.test, data.target_names, opts.batch_size, opts.seed)
-    return {
+    base_cfg = config_from_dict(name, payload["config"])
+    sa_cfg = SAControllerConfig(name, base_cfg, result.nu, opts.passes, batch_size=opts.batch_size)
+    reports = {}
+    for key, head in (("with_sa", False), ("with_sa_plus_head", True)):
+        sa = SAController(replace(sa_cfg, head_variance=head), base=model)
+        reports[key] = test_report(sa, data.test, data.target_names, opts.batch_size, opts.seed)
+    report = {
         "ckpt": str(opts.ckpt),
         "controller": name,
         "task": data.name,
@@ -251,8 +193,37 @@ def calibrate(opts: SAOptions) -> dict:
         "seed": opts.seed,
         "n_calibration": len(x_cal),
         "n_test": len(data.test),
-        "test": {"without_sa": without, "with_sa": with_sa, "with_sa_plus_head": with_head},
+        "head_variance": opts.head_variance,
+        "test": {"without_sa": without, **reports},
     }
+    return SACalibration(report, SAController(replace(sa_cfg, head_variance=opts.head_variance), base=model), payload)
+
+
+CONTROLLER_FILE = "sa_controller.pt"  # beside sa.json
+
+
+def save_controller(cal: SACalibration, path: str | Path) -> Path:
+    """Write the SA controller as a controller checkpoint every closed-loop command loads (`--ckpt PATH`): the base's
+    weights, standardisation and data fingerprint (the frame coder and the labelling expert come from it), nu, and
+    in extra["sa"] how nu was chosen; the base's own extra (its fallback threshold and temperature fit, made for its
+    own predictive) is kept apart, in extra["base"]. No absolute path of this machine is written."""
+    report = cal.report
+    test = report["test"]["with_sa_plus_head" if cal.controller.cfg.head_variance else "with_sa"]
+    sa = {key: report[key] for key in ("nu", "nu_bounds", "at_bound", "n_passes", "seed", "n_calibration", "task")}
+    return checkpoint.save(
+        path,
+        kind="controller",
+        name="sa",
+        config=config_to_dict(cal.controller.cfg),
+        module=cal.controller,
+        normalisation=cal.payload["normalisation"],
+        data=cal.payload["data"],
+        metrics={"test": test, "test_without_sa": report["test"]["without_sa"]},
+        extra={
+            "sa": {**sa, "base_ckpt": portable(str(report["ckpt"]))},
+            "base": {"name": cal.payload["name"], "extra": cal.payload["extra"], "metrics": cal.payload["metrics"]},
+        },
+    )
 
 
 def plot_curve(result: dict, path: Path) -> None:

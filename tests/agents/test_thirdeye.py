@@ -11,6 +11,7 @@ from agents.base import Prediction
 from agents.encoders import EncoderConfig, FrameTokens
 from agents.monitors.thirdeye import gradcam, mean_prediction_path, thirdeye_scores
 from agents.registry import CONTROLLERS
+from agents.sa_controller import SAControllerConfig
 
 FRAMES = EncoderConfig(kind="frames", n_tokens=4, d_model=16)
 
@@ -69,6 +70,14 @@ def test_gradcam_on_every_frames_controller(name):
     assert all(p.grad is None for p in model.parameters())
     encoder, _ = mean_prediction_path(model)
     assert isinstance(encoder, FrameTokens)
+
+
+def test_an_sa_controller_gets_its_base_map():
+    torch.manual_seed(0)
+    model = SAControllerConfig("nsac", CONTROLLERS["nsac"](encoder=FRAMES, out_dim=3, n_heads=2), nu=2).build().eval()
+    x = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(gradcam(model, x), gradcam(model.base, x), rtol=0, atol=0)
+    assert mean_prediction_path(model)[0] is model.base.encoder
 
 
 def test_a_controller_without_frames_is_refused():

@@ -1,6 +1,7 @@
 """`drive sa calibrate --ckpt PATH --out DIR`: choose SA's nu for a trained controller on its validation split and
-report its test split without and with SA (drive/learn/sa.py); writes DIR/sa.json (atomically) and DIR/sa_curve.png
-(L_SA and dispersion against nu)."""
+report its test split without and with SA (drive/learn/sa.py); writes DIR/sa.json (atomically), DIR/sa_curve.png
+(L_SA and dispersion against nu) and DIR/sa_controller.pt, the controller with SA engaged at that nu, which every
+command taking `--ckpt PATH` drives (`drive eval --ckpt DIR/sa_controller.pt`; agents/sa_controller.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from drive.learn.options import SAOptions
 @dataclass(frozen=True)
 class Config(SAOptions):
     out: Path = Path("out/sa")
-    """output directory for sa.json and sa_curve.png"""
+    """output directory for sa.json, sa_curve.png and sa_controller.pt (the controller with SA at the chosen nu)"""
 
 
 def _print_table(result: dict) -> None:
@@ -51,13 +52,15 @@ def _print_table(result: dict) -> None:
 
 
 def run(cfg: Config) -> int:
-    from drive.learn.sa import calibrate, plot_curve  # torch: imported when the command runs, not for `--help`
+    from drive.learn.sa import CONTROLLER_FILE, calibrate, plot_curve, save_controller  # torch: not for `--help`
 
-    result = calibrate(cfg)
+    cal = calibrate(cfg)
+    result = cal.report
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "sa.json", (json.dumps(result, indent=1) + "\n").encode())
     plot_curve(result, out / "sa_curve.png")
+    saved = save_controller(cal, out / CONTROLLER_FILE)
     _print_table(result)
-    print(f"wrote {out / 'sa.json'} and {out / 'sa_curve.png'}")
+    print(f"wrote {out / 'sa.json'}, {out / 'sa_curve.png'} and {saved}; drive it with `drive eval --ckpt {saved}`")
     return 0

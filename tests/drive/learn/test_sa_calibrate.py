@@ -1,4 +1,5 @@
-"""`drive sa calibrate`: SA's nu chosen on a trained clone's validation episodes, test report without / with SA.
+"""`drive sa calibrate`: SA's nu chosen on a trained clone's validation episodes, test report without / with SA, and
+the SA controller it saves, loaded and driven like any checkpoint.
 
 A tiny GMLE is behaviour-cloned on the fake road (as tests/test_bc.py does) through the real CLI, in-process.
 """
@@ -6,17 +7,23 @@ A tiny GMLE is behaviour-cloned on the fake road (as tests/test_bc.py does) thro
 from __future__ import annotations
 
 import json
+import os
 
+import numpy as np
 import pytest
 import torch
 
 from agents.encoders import EncoderConfig
 from agents.ensemble import EnsembleConfig
+from agents.layers.token_cache import cached_encoders
 from agents.mc_dropout import MCDropoutConfig
+from agents.sa_controller import SAController
 from drive import checkpoint
 from drive.cli import main
+from drive.commands.bench.latency import time_steps
+from drive.learn import sa as sa_lib
 from drive.learn import tasks
-from drive.learn.sa import _cached_encoders
+from drive.loop.specs import controller_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,11 +43,17 @@ def gmle_run(tmp_path_factory):
     return run / "best.pt"
 
 
-def test_calibrate_a_trained_gmle(gmle_run, tmp_path):
-    out = tmp_path / "sa"
+@pytest.fixture(scope="module")
+def calibrated(gmle_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sa") / "sa"
     code = main(["sa", "calibrate", "--ckpt", str(gmle_run), "--frames", "24", "--passes", "4", "--out", str(out),
                  "--no-progress"])  # fmt: skip
     assert code == 0
+    return out
+
+
+def test_calibrate_a_trained_gmle(gmle_run, calibrated):
+    out = calibrated
     result = json.loads((out / "sa.json").read_text())
     low, high = result["nu_bounds"]
     assert result["controller"] == "gmle" and low <= result["nu"] <= high and result["task"] == "demos"
@@ -74,7 +87,7 @@ def test_cached_encoders_give_the_plain_deterministic_pass(gmle_run):
         with torch.no_grad():
             plain = m.deterministic_pass(x)
             encoders = [mod for n, mod in m.named_modules() if n.endswith("encoder")]
-            with _cached_encoders(m, batch_size=2) as tokens:
+            with cached_encoders(m, batch_size=2) as tokens:
                 t = tokens(x)
                 assert t.shape == (5, len(encoders), 4, 16)
                 cached = m.deterministic_pass(t)
@@ -99,3 +112,59 @@ def test_refuses_stochastic_controllers_and_foreign_files(gmle_run, tmp_path, ca
     assert main(["sa", "calibrate", "--ckpt", str(junk), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     assert str(junk) in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (str(k), *_strings(v))]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_the_saved_sa_controller_loads_and_gives_the_reported_predictive(gmle_run, calibrated):
+    result = json.loads((calibrated / "sa.json").read_text())
+    model, payload = checkpoint.load_controller(calibrated / "sa_controller.pt")
+    base = checkpoint.read(gmle_run)
+    assert isinstance(model, SAController) and payload["name"] == "sa" and model.cfg.base == "gmle"
+    assert model.cfg.nu == result["nu"] and model.default_samples == 4 and model.cfg.head_variance
+    # what readers of a controller checkpoint look up is the base's: coder, targets, labelling expert
+    assert payload["data"] == base["data"] and payload["normalisation"] == base["normalisation"]
+    assert payload["config"]["encoder"] == base["config"]["encoder"] and payload["config"]["out_dim"] == 3
+    assert payload["config"]["base_config"] == base["config"]
+    for key, value in base["state_dict"].items():
+        assert torch.equal(payload["state_dict"][f"base.{key}"], value), key
+    assert "fallback" not in payload["extra"] and payload["extra"]["sa"]["nu"] == result["nu"]
+    assert not [s for s in _strings(payload) if os.path.isabs(s)]  # no absolute path of this machine
+    # the same seed and batches: the test report sa.json holds, bit for bit
+    data = tasks.rebuild(payload["data"])
+    assert sa_lib.test_report(model, data.test, data.target_names, 512, 0) == result["test"]["with_sa_plus_head"]
+    assert json.loads(json.dumps(payload["metrics"]["test"])) == result["test"]["with_sa_plus_head"]
+
+
+def test_the_sa_controller_drives_the_fake_road_replayably(calibrated, tmp_path, capsys):
+    ckpt = calibrated / "sa_controller.pt"
+    policy = controller_policy(ckpt, shadow=None, env="fake-road")
+    assert policy.samples == 4
+    frame = np.random.default_rng(0).integers(0, 256, (96, 96, 3), dtype=np.uint8)
+    outs = []
+    for _ in range(2):
+        policy.reset(seed=5)
+        outs.append([policy.predict(frame)[0] for _ in range(3)])
+    for a, b in zip(*outs, strict=True):  # same seed: the same actions and variances, bit for bit
+        assert all(np.array_equal(getattr(a, k), getattr(b, k)) for k in ("mean", "aleatoric_var", "epistemic_var"))
+    assert all((p.epistemic_var > 0).all() for p in outs[0])  # a GMLE alone has none
+    assert not np.array_equal(outs[0][0].mean, outs[0][1].mean)  # fresh draws each step
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"eval{i}.json"
+        assert main(["eval", "--ckpt", str(ckpt), "--env", "fake-road", "--seeds", "100", "--max-episode-steps", "12",
+                     "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+        (episode,) = json.loads(out.read_text())["episodes"]
+        runs.append({k: v for k, v in episode.items() if not k.startswith(("latency", "wall"))})  # timings aside
+    assert runs[0] == runs[1] and runs[0]["steps"] == 12 and runs[0]["epistemic_var_steer"] > 0
+    for deterministic in (False, True):  # `drive bench latency --ckpt`'s two timed steps (moments; SA off)
+        assert len(time_steps(policy.model, [frame], 4, deterministic, 2, 1, policy.coder)) == 2
+    # SA of SA: refused in one line
+    assert main(["sa", "calibrate", "--ckpt", str(ckpt), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert "already SA" in capsys.readouterr().err
