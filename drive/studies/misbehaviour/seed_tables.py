@@ -72,12 +72,12 @@ def summary_table(results: dict[str, Any]) -> list[str]:
     name = labels(list(groups))
     oracle = [m for m in asked[1:] if m != "off"]
     lines = [
-        f"| controller | seeds | return, nominal runs | scored windows per family | F3 ({declared}) | F3 nulls: "
-        "permuted / free | F3, field's "
-        f"rules | AUROC | AUROC, permuted null | FPR | episodes prevented, {asked[0]} | "
+        "| controller | seeds | return, nominal runs | return, shifted runs | scored windows per family | "
+        f"F3 ({declared}) | F3 nulls: permuted / free | F3, field's rules | AUROC | AUROC, permuted null | FPR | "
+        f"episodes prevented, {asked[0]} | "
         + "".join(f"episodes prevented, {m} (oracle) | " for m in oracle)
         + f"hand-overs / km, nominal ({asked[0]}) | CPU ms per car-step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(oracle) + "---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(oracle) + "---|---|",
     ]
     for group, entry in groups.items():
         by = entry["monitors"].get(declared, {})
@@ -88,6 +88,7 @@ def summary_table(results: dict[str, Any]) -> list[str]:
             name[group],
             str(len(entry["checkpoints"])),
             cell_text(entry.get("nominal_return")),
+            cell_text(entry.get("shifted_return")),
             windows,
             cell_text(by.get("f3")),
             f"{cell_text(permuted.get('f3'))} / {cell_text(free.get('f3'))}",

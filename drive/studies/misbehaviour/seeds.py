@@ -66,8 +66,9 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
     {monitor: {null: {"f3", "auroc": interval}}} (the null controls), "field": {monitor: {"f3", "auroc": interval}}
     (the field's rules on the same episodes), "windows": {family: scored windows at the TTM, summed over seeds},
     "ms_per_step": interval (the ungated cells' CPU milliseconds per car-step: simulator, rendering, controller and
-    monitors, on this machine), "nominal_return": interval (the nominal runs' mean return)}} for every
-    group of `seed_groups` (see the module docstring)."""
+    monitors, on this machine), "nominal_return": interval (the nominal runs' mean return), "shifted_return":
+    interval (the held-out conditions' mean return, each condition weighted equally)}} for every group of
+    `seed_groups` (see the module docstring)."""
     plan, entries = results["plan"], results["controllers"]
     out: dict[str, Any] = {}
     for group, every in seed_groups(list(entries)).items():
@@ -82,6 +83,7 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
         windows: dict[str, int] = {}
         cost: list[float] = []
         returns: list[float] = []  # the nominal runs' mean return per seed (runs that count their cells' steps)
+        shifted: list[float] = []  # the held-out ramps' mean return per seed, each family weighted equally
         misbehaviours = []
         for c in members:
             table = entries[c].get("prediction", {}).get("groups", {}).get("held_out", {})
@@ -102,6 +104,8 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
             if cells and all(cell.get("steps") and math.isfinite(cell.get("cpu_s", math.nan)) for cell in cells):
                 cost.append(1000 * sum(cell["cpu_s"] for cell in cells) / sum(cell["steps"] for cell in cells))
                 returns.append(entries[c]["episodes"].get(NOMINAL, {}).get("mean_return", math.nan))
+                held_out = [entries[c]["episodes"].get(k, {}).get("mean_return") for k in table.get("conditions", [])]
+                shifted.append(float(np.mean(held_out)) if held_out and None not in held_out else math.nan)
             for monitor, rows in table.get("monitors", {}).items():
                 value = pick(rows_of(rows), plan["level"], plan["ttm"]).value
                 for metric in PREDICTION_METRICS:
@@ -135,6 +139,14 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
         if len(cost) == len(members):
             out[group]["ms_per_step"] = interval(cost, (0.0, math.inf))
             out[group]["nominal_return"] = interval(returns)
+            out[group]["shifted_return"] = interval(shifted)
+    _compare(out)
+    return out
+
+
+def _compare(out: dict[str, Any]) -> None:
+    """Welch's p of every figure against every other group's (`p_vs`), and Holm over the comparisons with the first
+    group, the reference its tables mark (`p`, `p_holm`, `significant`), in place."""
     for name, entry in out.items():  # Welch's p against every other group; the first group is the marked reference
         figures = [(("monitors", m), by) for m, by in entry["monitors"].items()] + [
             (("prevention",), entry["prevention"])
@@ -155,7 +167,6 @@ def over_seeds(results: Mapping[str, Any]) -> dict[str, Any]:
         adjusted, marks = holm_marks([stat["p_vs"].get(reference) for stat in stats], ALPHA)
         for stat, q, mark in zip(stats, adjusted, marks, strict=True):
             stat.update(p=stat["p_vs"].get(reference), p_holm=q, significant=mark)
-    return out
 
 
 def figure_at(entry: Mapping[str, Any], where: tuple[str, ...]) -> dict[str, Any]:

@@ -31,7 +31,8 @@ def _interval_text(value: float | None, low: float, high: float, fmt: str) -> st
     return f"{value:{fmt}}{interval}"
 
 
-GENERIC = re.compile(r"(best|last)\.pt|seed(\d+|\*)")  # names that say nothing about which controller it is
+# names that say nothing about which controller it is
+GENERIC = re.compile(r"(best|last|sa_controller)\.pt|seed(\d+|\*)")
 
 
 def labels(controllers: Sequence[str]) -> dict[str, str]:

@@ -165,7 +165,7 @@ def test_seeds_of_one_controller_become_a_mean_with_an_interval_and_differences_
     from drive.studies.misbehaviour.seed_tables import summary_table
 
     summary = summary_table({**results, "plan": {**results["plan"], "fallback": ["slow", "expert"]}})
-    assert summary[0].startswith("| controller | seeds | return, nominal runs | scored windows per family | F3 (epi")
+    assert summary[0].startswith("| controller | seeds | return, nominal runs | return, shifted runs | scored")
     assert "episodes prevented, expert (oracle)" in summary[0] and len(summary) == 4  # header, rule, a, b
     assert all(line.count("|") == summary[0].count("|") for line in summary)
     assert "Welch's p, share of misbehaviours prevented" in table and f"| a/seed*/best.pt |  | {p:.3f} * |" in table
