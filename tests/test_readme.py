@@ -213,6 +213,24 @@ def test_the_first_five_seed_run_is_what_its_archive_makes_and_why_it_was_not_en
     assert min(windows) < 30 and {"blur", "jpeg"} <= set(next(iter(results["over_seeds"].values()))["windows"])
 
 
+def test_the_cost_matched_nsac_row_is_what_its_archive_makes():
+    """docs/misbehaviour.md's converged NSAC at 8 samples per step: the row `summary_table` makes of its archived
+    results.json, on the headline's families with >= 30 scored windows each."""
+    from drive.studies.misbehaviour.seed_tables import summary_table
+    from drive.studies.misbehaviour.seeds import over_seeds
+
+    with lzma.open(REPO / "docs" / "misbehaviour_runs" / "nsac_samples8_results.json.xz") as f:
+        results = json.load(f)
+    shown = results.pop("over_seeds")
+    results["over_seeds"] = over_seeds(results)
+    assert json.dumps(results["over_seeds"], sort_keys=True) == json.dumps(shown, sort_keys=True)
+    assert results["settings"]["samples"] == 8
+    row = summary_table(results)[2].replace("/seed*/best.pt", "").replace("| nsac |", "| nsac, 8 samples |")
+    assert row in (REPO / "docs" / "misbehaviour.md").read_text().splitlines()
+    (entry,) = results["over_seeds"].values()
+    assert set(entry["windows"]) == {"motion_blur", "fog", "darkness"} and min(entry["windows"].values()) >= 30
+
+
 def test_the_readme_is_for_a_newcomer():
     """One results table, one line per command (every command listed), no issue numbers or commit hashes."""
     readme = (REPO / "README.md").read_text()
