@@ -156,7 +156,8 @@ def _controller_variants(opts: EvalOptions, spec: PolicySpec) -> tuple[dict[str,
             "threshold": threshold,
             "threshold_origin": origin,
         }
-        variants = [("", replace(plain, fallback=fb.mode, threshold=threshold)), ("no_fallback", plain)]
+        gated = replace(plain, fallback=fb.mode, threshold=threshold)
+        variants = [("", gated), ("no_fallback", plain)] if opts.fallback_twin else [("", gated)]
     return header, variants
 
 
@@ -183,7 +184,8 @@ def evaluate(opts: EvalOptions, observers: ObserverFactory | None = None) -> dic
         return {**out, **summarise_returns(records), "wall_s": time.perf_counter() - start, "episodes": records}
     header, variants = _controller_variants(opts, spec)
     out.update(header, perturb=opts.perturb or None)
-    failures = opts.failure_horizon > 0 and opts.env == "carracing"
+    # failure prediction reads the run without a fallback: the last one (absent when a study pairs the twins itself)
+    failures = opts.failure_horizon > 0 and opts.env == "carracing" and (len(variants) > 1 or "fallback" not in header)
     runs = {}
     for name, variant in variants:
         settings = {**base, "perturb": opts.perturb, "failures": failures}

@@ -119,6 +119,9 @@ class EvalOptions:
     expert:blend_steps=0); when on, every seed also runs without it"""
     fallback_threshold: NonNegativeFloat | None = None
     """ckpt: epistemic-variance threshold (default: stored in the checkpoint, else calibrated on --calibrate-seeds)"""
+    fallback_twin: Annotated[bool, tyro.conf.Suppress] = True
+    """ckpt with a fallback: also drive every seed without it (a study that has driven those episodes already turns
+    this off and pairs them itself)"""
     calibrate_seeds: str = "2000-2004"
     """ckpt: nominal laps (no shift, no fallback) that set the failure alarms' thresholds (the "alarm calibration
     laps" bar, after the seeds) and the fallback threshold when none is given or stored"""

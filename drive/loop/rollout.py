@@ -150,6 +150,7 @@ class EpisodeResult:
     lap_finished: bool
     terminated: bool
     truncated: bool
+    first_off_track: int = -1  # the step of the first on -> off transition (-1: none)
     extras: Mapping[str, Any] = field(default_factory=dict)  # the policy's episode_summary()
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,6 +162,7 @@ class EpisodeResult:
             "tiles": self.tiles,
             "n_tiles": self.n_tiles,
             "off_track_events": self.off_track_events,
+            "first_off_track": self.first_off_track,
             "lap_finished": self.lap_finished,
             "terminated": self.terminated,
             "truncated": self.truncated,
@@ -224,6 +226,7 @@ class _Running:
     was_off: bool
     total: float = 0.0
     off_events: int = 0
+    first_off: int = -1
     t: int = 0
     terminated: bool = False
     truncated: bool = False
@@ -281,7 +284,9 @@ def _step(lane: Lane, run: _Running, out: Any, low: np.ndarray, high: np.ndarray
     next_obs, reward, terminated, truncated, next_info = env.step(action)
     run.total += float(reward)
     is_off = bool(next_info.get("off_track", False))
-    run.off_events += int(is_off and not run.was_off)
+    if is_off and not run.was_off:
+        run.off_events += 1
+        run.first_off = run.t if run.first_off < 0 else run.first_off
     run.was_off = is_off
     record = StepRecord(
         run.seed,
@@ -317,6 +322,7 @@ def _result(policy: Policy, run: _Running) -> EpisodeResult:
         tiles=int(info.get("tiles_visited", -1)),
         n_tiles=int(info.get("n_tiles", -1)),
         off_track_events=run.off_events,
+        first_off_track=run.first_off,
         lap_finished=bool(info.get("lap_finished", False)),
         terminated=run.terminated,
         truncated=run.truncated,

@@ -40,6 +40,9 @@ class Config:
     `drive eval --fallback` spec"""
     seeds: str = "1000-1099"
     """unseen track seeds, the same for every point (the leaderboard uses 100 episodes)"""
+    calibrate_seeds: str = "2000-2002"
+    """nominal laps (clean, ungated) that set a controller's gate threshold when its checkpoint stores none, once
+    per controller (DIR/thresholds.json)"""
     max_episode_steps: PositiveInt = 1000
     """step limit per episode"""
     workers: Workers = 1
@@ -50,6 +53,9 @@ class Config:
     """stochastic samples per step (default: each controller's own)"""
     progress: bool = False
     """progress bars"""
+    report_only: bool = False
+    """drive nothing: the tables from the points already in DIR/points/ (an unfinished run says how many are
+    missing)"""
 
 
 def run(cfg: Config) -> int:
@@ -57,6 +63,7 @@ def run(cfg: Config) -> int:
     from drive.loop.seeds import parse_seeds
     from drive.perturb.registry import parse_shift  # the simulator and torch: not for `--help`
     from drive.studies.generalisation import suite as generalisation
+    from drive.studies.generalisation.tables import tables
 
     if not cfg.ckpt:
         raise UserError("give at least one --ckpt")
@@ -77,6 +84,7 @@ def run(cfg: Config) -> int:
         if not path.is_file():
             raise UserError(f"--ckpt {path}: no such file")
     parse_seeds(cfg.seeds)
+    parse_seeds(cfg.calibrate_seeds)
     writable_dir(cfg.out, "--out")
     # controllers named relative to the working directory: results.json stores no machine's folders
     suite = generalisation.Suite(
@@ -84,14 +92,17 @@ def run(cfg: Config) -> int:
         variants=(generalisation.CLEAN, *variants),
         gates=cfg.gates,
         seeds=cfg.seeds,
+        calibrate_seeds=cfg.calibrate_seeds,
         max_episode_steps=cfg.max_episode_steps,
         workers=cfg.workers,
         envs=cfg.envs,
         samples=cfg.samples,
         progress=cfg.progress,
     )
-    results = generalisation.run(cfg.out, suite)
-    text = "\n".join(generalisation.tables(results)) + "\n"
+    if cfg.report_only and not (cfg.out / "points").is_dir():
+        raise UserError(f"--report-only: {cfg.out / 'points'} does not exist: nothing has been driven there")
+    results = generalisation.run(cfg.out, suite, drive=not cfg.report_only)
+    text = "\n".join(tables(results)) + "\n"
     (cfg.out / "results.md").write_text(text)
     figure = generalisation.frames_figure(cfg.out / "variants.png", suite.variants)
     print(text)

@@ -36,7 +36,7 @@ import numpy as np
 from datasets.files import atomic_write
 from drive import metrics
 from drive.options import Workers
-from drive.studies.over_seeds import UNBOUNDED, cell_text, interval
+from drive.studies.over_seeds import UNBOUNDED, interval
 
 CLEAN = "clean"
 VARIANTS = ("clean", "carracing:color", "carracing:color3", "carracing:bar", "carracing:blob", "carracing:noise")
@@ -68,6 +68,7 @@ class Suite:
     envs: int = 0
     samples: int | None = None
     progress: bool = False
+    calibrate_seeds: str = "2000-2002"
 
 
 def short(variant: str) -> str:
@@ -80,8 +81,14 @@ def point_path(out: Path, index: int, controller: str, variant: str, gate: str) 
     return out / "points" / f"{name}__{short(variant)}__{gate}.json"
 
 
-def run_points(out: Path, suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
-    """{controller: {variant: {gate: the point's summary}}}, each `drive eval` run once (kept in DIR/points/)."""
+def run_points(out: Path, suite: Suite, drive: bool = True) -> dict[str, dict[str, dict[str, Any]]]:
+    """{controller: {variant: {gate: the point's summary}}}, each `drive eval` run once (kept in DIR/points/).
+
+    Gate by gate, the ungated runs of every controller first: an interrupted run has the whole ungated table before
+    any gated point. A gated point drives only the gated episodes; their ungated twins (the same controller, variant
+    and seeds) are the ungated point's, identical until the gate first engages. Each controller's threshold is set
+    once (thresholds.json), not per point; a controller whose gate could never fire (no epistemic variance) has no
+    gated points, and thresholds.json says why."""
     from drive.loop.evaluate import evaluate  # torch and the simulator: not for `--help`
     from drive.loop.options import EvalOptions
 
@@ -93,33 +100,75 @@ def run_points(out: Path, suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
         max_episode_steps=suite.max_episode_steps,
         progress=suite.progress,
         failure_horizon=0,
+        fallback_twin=False,
     )
     grid: dict[str, dict[str, dict[str, Any]]] = {}
-    for index, controller in enumerate(suite.controllers):
-        for variant in suite.variants:
-            for gate in ("off", *suite.gates):
+    for gate in ("off", *suite.gates):
+        for index, controller in enumerate(suite.controllers):
+            threshold = None if gate == "off" or not drive else gate_threshold(out, suite, controller, gate)
+            if gate != "off" and drive and threshold is None:
+                continue
+            for variant in suite.variants:
                 path = point_path(out, index, controller, variant, gate)
                 if path.is_file():
                     point = json.loads(path.read_text())
+                elif not drive:
+                    continue
                 else:
                     perturb = "" if variant == CLEAN else variant
                     shadow = None if gate == "expert" else "none"  # the expert gate hands over to the shadow expert
-                    result = evaluate(
-                        replace(base, policy=f"ckpt:{controller}", perturb=perturb, fallback=gate, shadow=shadow)
+                    opts = replace(
+                        base,
+                        policy=f"ckpt:{controller}",
+                        perturb=perturb,
+                        fallback=gate,
+                        shadow=shadow,
+                        fallback_threshold=threshold,
                     )
-                    point = summarise(result, gated=gate != "off")
+                    twins = None if gate == "off" else grid[controller][variant]["off"]["raw"]
+                    point = summarise(evaluate(opts), twins)
                     atomic_write(path, (json.dumps(point, indent=1) + "\n").encode())
                 grid.setdefault(controller, {}).setdefault(variant, {})[gate] = point
-                print(
-                    f"{controller} {short(variant)} {gate}: return {point['mean_return']:.1f} ± "
-                    f"{point['std_return']:.1f}, off-track {point['off_track_per_episode']:.2f} "
-                    "per episode"
-                )
+                if drive:
+                    print(
+                        f"{controller} {short(variant)} {gate}: return {point['mean_return']:.1f} ± "
+                        f"{point['std_return']:.1f}, off-track {point['off_track_per_episode']:.2f} "
+                        "per episode",
+                        flush=True,
+                    )
     return grid
 
 
-def summarise(result: Mapping[str, Any], gated: bool) -> dict[str, Any]:
-    """One point's figures from a `drive eval` result (its episodes; with a gate, also the ungated episodes)."""
+def gate_threshold(out: Path, suite: Suite, controller: str, gate: str) -> float | None:
+    """The controller's gate threshold for `gate` (stored in its checkpoint, else calibrated on nominal laps over
+    `suite.calibrate_seeds`), set once per controller and gate score and kept in DIR/thresholds.json; None, with the
+    reason kept there, when its gate could never fire."""
+    from drive.errors import UserError
+    from drive.loop.fallback import parse_fallback
+    from drive.loop.seeds import parse_seeds
+    from drive.loop.thresholds import resolve_threshold
+
+    fb = parse_fallback(gate)
+    assert fb is not None
+    key = f"{controller}|{fb.signal}|{fb.variance}|q={fb.quantile}|samples={suite.samples}"
+    path = out / "thresholds.json"
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in known:
+        env = {"name": "carracing", "max_episode_steps": suite.max_episode_steps}
+        try:
+            value, origin = resolve_threshold(
+                controller, fb, None, parse_seeds(suite.calibrate_seeds), suite.samples, 0, env
+            )
+            known[key] = {"threshold": value, "origin": origin}
+        except UserError as exc:
+            known[key] = {"threshold": None, "origin": f"no gate: {exc}"}
+        atomic_write(path, (json.dumps(known, indent=1) + "\n").encode())
+    return known[key]["threshold"]
+
+
+def summarise(result: Mapping[str, Any], twins: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """One point's figures from a `drive eval` result (its episodes); a gated point's also from `twins`, the same
+    seeds' ungated episodes. `raw` keeps the episodes as driven."""
     episodes = result["episodes"]
     returns = np.array([e["return"] for e in episodes], float)
     out: dict[str, Any] = {
@@ -132,16 +181,39 @@ def summarise(result: Mapping[str, Any], gated: bool) -> dict[str, Any]:
         "epistemic": [float(e.get("epistemic_var_steer", math.nan)) for e in episodes],
         "wall_s": float(result.get("wall_s", math.nan)),
     }
-    if gated:
-        plain = {e["seed"]: e for e in result.get("episodes_no_fallback", [])}
+    if twins is not None:
+        plain = {e["seed"]: e for e in twins}
         failing = [e for e in episodes if plain.get(e["seed"], {}).get("off_track_events", 0) > 0]
         out["failures_ungated"] = len(failing)
         out["failures_prevented"] = (
             sum(1 for e in failing if e["off_track_events"] == 0) / len(failing) if failing else math.nan
         )
+        out["engaged_before"] = engaged_before(episodes, plain)
         out["handed_over"] = float(np.mean([e.get("fallback_fraction", 0.0) for e in episodes]))
         out["threshold"] = result.get("fallback", {}).get("threshold")
+    out["raw"] = list(episodes)
     return out
+
+
+def engaged_before(episodes: Sequence[Mapping[str, Any]], twins: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Of the episodes whose ungated twin left the road, those whose gate engaged at or before the twin's first
+    off-track step (the two runs are the same car until the gate first engages, so this is the gate acting before
+    the misbehaviour), and beside it the null: a gate that engages at random, at this point's own rate of
+    engagements per step, engages before step t with probability 1 - (1 - p)^(t + 1)."""
+    starts = [iv["start"] for e in episodes for iv in e.get("interventions", [])]
+    steps = sum(int(e["steps"]) for e in episodes)
+    rate = len(starts) / steps if steps else 0.0
+    hits, chance, n = 0, 0.0, 0
+    for e in episodes:
+        t = int(twins.get(e["seed"], {}).get("first_off_track", -1))
+        if t < 0:
+            continue
+        n += 1
+        first = min((iv["start"] for iv in e.get("interventions", [])), default=None)
+        hits += int(first is not None and first <= t)
+        chance += 1.0 - (1.0 - rate) ** (t + 1)
+    share, null = (hits / n, chance / n) if n else (math.nan, math.nan)
+    return {"misbehaviours": n, "engaged": hits, "share": share, "null": null}
 
 
 def signal(grid: Mapping[str, Mapping[str, Any]], variant: str, n_null: int = 1000) -> dict[str, Any]:
@@ -168,110 +240,46 @@ def signal(grid: Mapping[str, Mapping[str, Any]], variant: str, n_null: int = 10
 
 
 def over_seeds(grid: Mapping[str, Mapping[str, Any]], suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
-    """{controller or its seed group: {variant: {gate: interval of the per-seed mean returns}}}."""
-    groups: dict[str, list[str]] = {}
-    for controller in grid:
-        groups.setdefault(SEED_PART.sub("seed*", controller), []).append(controller)
-    return {
-        name: {
-            v: {g: interval([grid[c][v][g]["mean_return"] for c in members], UNBOUNDED) for g in ("off", *suite.gates)}
-            for v in suite.variants
-        }
-        for name, members in groups.items()
-    }
+    """{controller or its seed group: {variant: {gate: interval of the per-seed mean returns}}} over the points
+    driven (a controller whose gate cannot fire has no gated points)."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, members in groups(grid).items():
+        for v in suite.variants:
+            for g in ("off", *suite.gates):
+                values = [grid[c][v][g]["mean_return"] for c in members if g in grid[c].get(v, {})]
+                if values:
+                    out.setdefault(name, {}).setdefault(v, {})[g] = interval(values, UNBOUNDED)
+    return out
 
 
-def run(out: Path, suite: Suite) -> dict[str, Any]:
-    grid = run_points(out, suite)
+def groups(controllers: Sequence[str] | Mapping[str, Any]) -> dict[str, list[str]]:
+    """{seed group: its checkpoints}, in order: paths that differ only in a `seed<N>` part are one controller."""
+    out: dict[str, list[str]] = {}
+    for controller in controllers:
+        out.setdefault(SEED_PART.sub("seed*", controller), []).append(controller)
+    return out
+
+
+def run(out: Path, suite: Suite, drive: bool = True) -> dict[str, Any]:
+    """Drive the points not yet driven (`drive=False`: none, the tables from those finished) and write
+    DIR/results.json."""
+    grid = run_points(out, suite, drive)
     wall = sum(p.get("wall_s", math.nan) for by in grid.values() for gates in by.values() for p in gates.values())
+    thresholds = out / "thresholds.json"
     results = {
         "suite": suite.__dict__,
         "points": grid,
         "published": PUBLISHED,
         "points_wall_s": wall,
-        "signal": {c: {v: signal(g, v) for v in suite.variants if v != CLEAN} for c, g in grid.items()},
+        "thresholds": json.loads(thresholds.read_text()) if thresholds.is_file() else {},
+        "signal": {
+            c: {v: signal(g, v) for v in suite.variants if v != CLEAN and CLEAN in g and v in g}
+            for c, g in grid.items()
+        },
         "over_seeds": over_seeds(grid, suite),
     }
     atomic_write(out / "results.json", (json.dumps(results, indent=1) + "\n").encode())
     return results
-
-
-def _name(controller: str) -> str:
-    path = Path(controller)
-    return f"{path.parent.name}/{path.name}" if path.name == "best.pt" else path.name
-
-
-def _cell(point: Mapping[str, Any]) -> str:
-    return f"{point['mean_return']:.0f} ± {point['std_return']:.0f}"
-
-
-def _label(controller: str, gate: str) -> str:
-    if gate == "off":
-        return f"{_name(controller)}, ungated"
-    return f"{_name(controller)}, gate {gate}" + (" (privileged oracle)" if gate.startswith("expert") else "")
-
-
-def _row(label: str, cells: Sequence[str]) -> str:
-    return f"| {label} | " + " | ".join(cells) + " |"
-
-
-def tables(results: Mapping[str, Any]) -> list[str]:
-    """results.md: the leaderboard (published rows labelled, ours ungated and gated), the gates' safety, the
-    epistemic signal per variant, and the interval over training seeds where a controller has several."""
-    suite, grid = results["suite"], results["points"]
-    variants, gates = list(suite["variants"]), list(suite["gates"])
-    runs = ("off", *gates)
-    head = [_row("agent", [short(v) for v in variants]), "|---|" + "---|" * len(variants)]
-    lines = ["## Return, mean ± std over episodes", "", *head]
-    for agent, row in results["published"].items():
-        cells = [row.get(short(v), "–") for v in variants]
-        lines.append(_row(f"{agent} (published: v0, RL / evolution from pixels)", cells))
-    for controller, by in grid.items():
-        for g in runs:
-            lines.append(_row(f"{_label(controller, g)} (ours: v3, cloned)", [_cell(by[v][g]) for v in variants]))
-    lines += ["", "## Off the road and how far: off-track events per episode / lap completion", "", *head]
-    for controller, by in grid.items():
-        for g in runs:
-            cells = [f"{by[v][g]['off_track_per_episode']:.2f} / {by[v][g]['mean_completion']:.2f}" for v in variants]
-            lines.append(_row(_label(controller, g), cells))
-    lines += [
-        "",
-        "## The gates: episodes whose ungated run left the road: the share the gated run kept on it (steps "
-        "handed over)",
-        "",
-        *head,
-    ]
-    for controller, by in grid.items():
-        for g in gates:
-            cells = [
-                f"{by[v][g]['failures_ungated']}: {_share(by[v][g]['failures_prevented'])} "
-                f"({by[v][g]['handed_over']:.2f})"
-                for v in variants
-            ]
-            lines.append(_row(_label(controller, g), cells))
-    shifted = [v for v in variants if v != CLEAN]
-    title = (
-        "## Does it know it is lost? Epistemic variance of the steering: ratio to clean, AUROC against clean "
-        "(its null: the labels shuffled, 95 %; * clears it)"
-    )
-    lines += ["", title, "", _row("controller", [short(v) for v in shifted]), "|---|" + "---|" * len(shifted)]
-    for controller, by in results["signal"].items():
-        cells = [
-            f"{by[v]['ratio']:.2f}x, {by[v]['auroc']:.2f}{' *' if by[v]['clears'] else ''} "
-            f"(null {by[v]['null'][0]:.2f}-{by[v]['null'][1]:.2f})"
-            for v in shifted
-        ]
-        lines.append(_row(_name(controller), cells))
-    seeded = {k: v for k, v in results["over_seeds"].items() if "seed*" in k}
-    if seeded:
-        lines += ["", "## Over training seeds: mean return [95 % bootstrap interval over the seeds]", "", *head]
-        for name, by in seeded.items():
-            lines += [_row(_label(name, g), [cell_text(by[v][g]) for v in variants]) for g in runs]
-    return lines
-
-
-def _share(value: float) -> str:
-    return "–" if not math.isfinite(value) else f"{value:.0%}"
 
 
 def frames_figure(path: Path, variants: Sequence[str], seed: int = 1000, step: int = 60) -> Path:

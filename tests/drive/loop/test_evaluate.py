@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -208,3 +209,34 @@ def test_each_progress_bar_says_which_phase_it_counts(tmp_path, monkeypatch):
     assert labels == ["eval, fallback on", "eval, fallback off", "alarm calibration laps"]
     assert evaluate_module.phase_label("") == "eval"  # no fallback: one bar, the seeds
     assert max(len(label) for label in labels) <= 22  # the bar, counts and frames/s still fit 80 columns
+
+
+def test_a_study_that_pairs_the_twins_itself_drives_only_the_gated_episodes(tmp_path):
+    """`fallback_twin=False` (what `drive bench generalisation` sets): the gated episodes alone, and the ungated
+    twins a study pairs them with are the episodes of the same run with the fallback off, to the bit."""
+    import torch
+
+    from agents.encoders import EncoderConfig
+    from agents.nsac import NSACConfig
+    from agents.registry import config_to_dict
+    from drive import checkpoint
+    from drive.loop.options import EvalOptions
+
+    torch.manual_seed(0)
+    cfg = NSACConfig(encoder=EncoderConfig(kind="frames", n_tokens=4, d_model=16), out_dim=3, n_heads=2)
+    path = tmp_path / "nsac.pt"
+    checkpoint.save(path, kind="controller", name="nsac", config=config_to_dict(cfg), module=cfg.build())
+    base = EvalOptions(policy=f"ckpt:{path}", seeds="7,9", max_episode_steps=12, samples=2, shadow="none",
+                       failure_horizon=5, calibrate_seeds="8", progress=False)  # fmt: skip
+    paired = evaluate(replace(base, fallback="slow", fallback_threshold=1e-9))
+    alone = evaluate(replace(base, fallback="slow", fallback_threshold=1e-9, fallback_twin=False))
+    plain = evaluate(replace(base, failure_horizon=0))
+    assert "episodes_no_fallback" not in alone and not any(k.startswith("failure_prediction") for k in alone)
+
+    def driven(episodes):  # timings, failure events and the pairing itself aside
+        skip = ("latency", "wall", "events", "return_no_fallback")
+        return [{k: v for k, v in e.items() if not k.startswith(skip)} for e in episodes]
+
+    assert driven(alone["episodes"]) == driven(paired["episodes"])
+    assert driven(paired["episodes_no_fallback"]) == driven(plain["episodes"])
+    assert any(e["n_interventions"] for e in alone["episodes"])  # the gate did engage: the runs are not the same

@@ -63,6 +63,8 @@ def test_off_track_events_count_rising_edges_and_policy_outputs_reach_observers(
     rising = sum(b and not a for a, b in zip(off, off[1:], strict=False))
     assert rising >= 1
     assert result.off_track_events == rising
+    assert result.first_off_track == next(t for t in range(len(off) - 1) if off[t + 1] and not off[t])
+    assert result.to_dict()["first_off_track"] == result.first_off_track
     assert [r.output.latency_ms for r in log.records] == list(range(1, result.steps + 1))
     assert {r.source for r in log.records} == {"swerve"}
 
