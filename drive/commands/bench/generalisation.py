@@ -5,7 +5,8 @@ Video with `--video DIR`), ungated and gated, beside the suite's published agent
     drive bench generalisation --ckpt checkpoints/carracing_nsac.pt --out runs/gen --seeds 1000-1099 --workers 2
 
 DIR/points/ keeps each (controller, variant, gate) as it finishes, so a rerun resumes; DIR/results.json and
-DIR/results.md hold the tables, DIR/variants.png one frame of each variant.
+DIR/results.md hold the tables, DIR/returns.png the returns per variant beside AttentionAgent's, DIR/variants.png
+one frame of each variant.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ VARIANTS = ("carracing:color", "carracing:color3", "carracing:bar", "carracing:b
 @dataclass(frozen=True)
 class Config:
     out: Path
-    """output directory (points/, results.json, results.md, variants.png); rerunning resumes"""
+    """output directory (points/, results.json, results.md, returns.png, variants.png); rerunning resumes"""
     ckpt: Annotated[tuple[Path, ...], SHIPPED_HINT] = (SHIPPED_CONTROLLER,)
     """controller checkpoints; paths that differ only in a seed<N> part are one controller over training seeds"""
     variants: tuple[str, ...] = VARIANTS
@@ -62,6 +63,7 @@ def run(cfg: Config) -> int:
     from drive.loop.fallback import parse_fallback
     from drive.loop.seeds import parse_seeds
     from drive.perturb.registry import parse_shift  # the simulator and torch: not for `--help`
+    from drive.studies.generalisation import figures
     from drive.studies.generalisation import suite as generalisation
     from drive.studies.generalisation.tables import tables
 
@@ -104,7 +106,8 @@ def run(cfg: Config) -> int:
     results = generalisation.run(cfg.out, suite, drive=not cfg.report_only)
     text = "\n".join(tables(results)) + "\n"
     (cfg.out / "results.md").write_text(text)
-    figure = generalisation.frames_figure(cfg.out / "variants.png", suite.variants)
+    frames = figures.frames_figure(cfg.out / "variants.png", suite.variants)
+    returns = figures.returns_figure(cfg.out / "returns.png", results)
     print(text)
-    print(f"wrote {cfg.out / 'results.json'}, {cfg.out / 'results.md'} and {figure}")
+    print(f"wrote {cfg.out / 'results.json'}, {cfg.out / 'results.md'}, {returns} and {frames}")
     return 0

@@ -280,34 +280,3 @@ def run(out: Path, suite: Suite, drive: bool = True) -> dict[str, Any]:
     }
     atomic_write(out / "results.json", (json.dumps(results, indent=1) + "\n").encode())
     return results
-
-
-def frames_figure(path: Path, variants: Sequence[str], seed: int = 1000, step: int = 60) -> Path:
-    """One frame of each variant (the clean env first), seed `seed` at step `step` of a fixed gentle throttle."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from drive.loop.envs import make_env
-    from drive.perturb.registry import parse_shift, shifted_env
-
-    frames = []
-    for variant in variants:
-        env = make_env("carracing", max_episode_steps=step + 1)
-        env = shifted_env(env, None if variant == CLEAN else parse_shift(variant))
-        obs, _ = env.reset(seed=seed)
-        for _ in range(step):
-            obs, *_ = env.step(np.array([0.0, 0.3, 0.0], np.float32))
-        frames.append(np.asarray(obs))
-        env.close()
-    fig, axes = plt.subplots(1, len(frames), figsize=(2.2 * len(frames), 2.6))
-    for ax, frame, variant in zip(np.atleast_1d(axes), frames, variants, strict=True):
-        ax.imshow(frame, interpolation="nearest")
-        ax.set_title(short(variant), fontsize=10)
-        ax.axis("off")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -89,7 +89,7 @@ def _weighted(points: Sequence[Mapping[str, Any]], key: str) -> float:
     return float(np.average([p[key] for p in points], weights=weights))
 
 
-def _published_mean(cell: str) -> float:
+def published_mean(cell: str) -> float:
     try:
         return float(cell.split("±")[0].replace("−", "-"))
     except ValueError:
@@ -212,7 +212,7 @@ def _goal(ungated: Mapping[str, Any] | None, gated: Mapping[str, Any] | None, pu
     if ungated is None:
         return "–"
     mean = ungated["mean_return"]
-    reference = _published_mean(published) if published else math.nan
+    reference = published_mean(published) if published else math.nan
     beats = "–" if not math.isfinite(reference) else ("✓" if mean >= reference else "✗")
     before = (gated or {}).get("engaged_before") or {}
     share = before.get("share", math.nan)

@@ -121,6 +121,7 @@ def test_points_run_gate_by_gate_pair_their_twins_and_skip_a_gate_that_cannot_fi
     from drive.errors import UserError
     from drive.loop import evaluate as evaluate_module
     from drive.loop import thresholds
+    from drive.studies.generalisation import figures
     from drive.studies.generalisation.tables import tables
 
     calls = []
@@ -153,6 +154,7 @@ def test_points_run_gate_by_gate_pair_their_twins_and_skip_a_gate_that_cannot_fi
     assert "| nsac (2 seeds), ungated (ours: v3, cloned) | 900 ± 0 | 900 ± 0 |" in text
     assert "| nsac (2 seeds), gate slow | 4 of 4 (100%; null" in text
     assert "| gmle | 900: ✗ AA, ✓ (≥ 850) |" in text
+    assert figures.returns_figure(tmp_path / "returns.png", results).stat().st_size > 10_000
     calls.clear()
     assert gen.run(tmp_path, suite) == results and calls == []  # resumed: nothing driven again
     (tmp_path / "points" / "1_seed1__noise__slow.json").unlink()
