@@ -2,10 +2,10 @@
 
 Each value is a frozen config dataclass with fields `encoder: EncoderConfig` and `out_dim: int` and a `build()`
 method returning the `Controller`. No import-time side effects: adding a method means adding a line here.
-`CONTROLLERS` are trained (`drive train --controller NAME`); `WRAPPERS` are made from a trained one after training
-(SA at a calibrated nu, `drive sa calibrate`) and only loaded: their config names the trained controller (`base`, a
-CONTROLLERS name) and holds its config (`base_config`), and derives `encoder` / `out_dim` from it (init=False fields,
-written to a checkpoint for its readers, recomputed on loading).
+`CONTROLLERS` are trained (`drive train --controller NAME`); `WRAPPERS` are made from a trained one after training (SA
+at a calibrated nu, `drive sa calibrate`; a feature density, `drive density fit`) and only loaded: their config names
+the trained controller (`base`, a CONTROLLERS name) and holds its config (`base_config`), and derives `encoder` /
+`out_dim` from it (init=False fields, written to a checkpoint for its readers, recomputed on loading).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import typing
 from typing import Any
 
 from agents.contextual_dropout import ContextualDropoutConfig
+from agents.density_controller import DensityControllerConfig
 from agents.encoders import EncoderConfig
 from agents.ensemble import EnsembleConfig
 from agents.evidential import EvidentialConfig
@@ -50,6 +51,7 @@ CONTROLLERS: dict[str, type] = {
 
 WRAPPERS: dict[str, type] = {
     "sa": SAControllerConfig,  # a trained controller with inference-time stochastic attention at a fixed nu
+    "density": DensityControllerConfig,  # a trained controller whose signal is its encoder features' density
 }
 
 

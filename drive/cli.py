@@ -48,6 +48,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("udacity", "record"): "Record the Udacity simulator in its own driving_log.csv format.",
     ("udacity", "standin"): "The Udacity simulator's client, stand-in: a recording or CarRacing over the protocol.",
     ("sa", "calibrate"): "Calibrate inference-time stochastic attention (nu) on a controller.",
+    ("density", "fit"): "Fit a feature density (DDU-style) on a controller's encoder; its score as the signal.",
     ("monitor", "train"): "Train SelfOracle (a VAE, the field's black-box misbehaviour monitor) on demo frames.",
     ("bearings", "features"): "Raw bearing vibration folder (PRONOSTIA / XJTU-SY) -> its window-feature CSV.",
     ("bench", "collect"): "Benchmark: stock env vs fast renderer vs collect (1, 2 workers).",

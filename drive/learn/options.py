@@ -102,6 +102,21 @@ class SAOptions:
     --no-head-variance: 0, SA's spread alone (test.with_sa)"""
 
 
+@dataclass(frozen=True)
+class DensityOptions:
+    ckpt: Path
+    """a trained controller's checkpoint (`drive train`, any controller with an encoder)"""
+    out: Path = Path("out/density")
+    """output directory for density.json and density_controller.pt"""
+    frames: NonNegativeInt = 8192
+    """inputs of the training split the density is fitted on, and of the validation split that sets its scale,
+    each subsampled evenly to this many (0 = all)"""
+    batch_size: PositiveInt = 512
+    """inputs per encoder batch (bounds memory)"""
+    data: Path | None = None
+    """the checkpoint's data when it is not where its fingerprint says (as `drive sa calibrate --data`)"""
+
+
 SELECT = ("val_nll", "val_mse")  # the validation score that picks best.pt and stops early
 
 

@@ -62,7 +62,7 @@ MAX_EVALS = 12  # agents.sa.calibrate_nu's default budget of L_SA evaluations
 SHOWN = ("mse", "nll", "crps", "ece", "coverage_90", "width_90", "aleatoric_var", "epistemic_var")
 
 
-def _calibration_batch(val: Any, n_frames: int) -> tuple[Tensor, Tensor]:
+def evenly(val: Any, n_frames: int) -> tuple[Tensor, Tensor]:
     n = len(val)
     idx = np.arange(n) if n_frames <= 0 or n_frames >= n else np.unique(np.linspace(0, n - 1, n_frames).round())
     return take(val, torch.as_tensor(idx, dtype=torch.long))
@@ -114,7 +114,7 @@ def _progress_over_evaluations(show: bool, total: int) -> Iterator[None]:
             sa_log.propagate = propagate
 
 
-def _fingerprint(payload: dict[str, Any], data: Path | None) -> dict[str, Any]:
+def data_fingerprint(payload: dict[str, Any], data: Path | None) -> dict[str, Any]:
     """The checkpoint's data fingerprint, pointed at `data` where given (demonstrations regenerated elsewhere, or
     another data root)."""
     fingerprint = dict(payload.get("data", {}))
@@ -141,8 +141,8 @@ def calibrate(opts: SAOptions) -> SACalibration:
     refusal = getattr(model, "sa_refusal", None)
     if refusal:
         raise UserError(f"{opts.ckpt}: controller {name!r} has no deterministic base pass: {refusal}")
-    data = tasks.rebuild(_fingerprint(payload, opts.data))
-    x_cal, y_cal = _calibration_batch(data.val, opts.frames)
+    data = tasks.rebuild(data_fingerprint(payload, opts.data))
+    x_cal, y_cal = evenly(data.val, opts.frames)
     log.info("%s: %d calibration inputs, %d test inputs", opts.ckpt, len(x_cal), len(data.test))
     without = test_report(model, data.test, data.target_names, opts.batch_size, opts.seed)
     y_std = (y_cal - model.y_loc) / model.y_scale  # (N, D)
