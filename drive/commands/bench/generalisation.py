@@ -85,8 +85,13 @@ def run(cfg: Config) -> int:
     for path in cfg.ckpt:
         if not path.is_file():
             raise UserError(f"--ckpt {path}: no such file")
-    parse_seeds(cfg.seeds)
-    parse_seeds(cfg.calibrate_seeds)
+    for option, spec in (("--seeds", cfg.seeds), ("--calibrate-seeds", cfg.calibrate_seeds)):
+        try:
+            parse_seeds(spec)
+        except UserError as exc:
+            raise UserError(f"{option}: {exc}") from None
+    if cfg.report_only and not (cfg.out / "points").is_dir():
+        raise UserError(f"--report-only: {cfg.out / 'points'} does not exist: nothing has been driven there")
     writable_dir(cfg.out, "--out")
     # controllers named relative to the working directory: results.json stores no machine's folders
     suite = generalisation.Suite(
@@ -101,8 +106,6 @@ def run(cfg: Config) -> int:
         samples=cfg.samples,
         progress=cfg.progress,
     )
-    if cfg.report_only and not (cfg.out / "points").is_dir():
-        raise UserError(f"--report-only: {cfg.out / 'points'} does not exist: nothing has been driven there")
     results = generalisation.run(cfg.out, suite, drive=not cfg.report_only)
     text = "\n".join(tables(results)) + "\n"
     (cfg.out / "results.md").write_text(text)

@@ -98,6 +98,10 @@ def test_bad_variants_and_gates_are_one_line_errors(tmp_path, capsys):
     assert "not a CarRacingExtension variant" in capsys.readouterr().err
     assert main([*base, "--gates", "off"]) == 2
     assert "--gates 'off'" in capsys.readouterr().err
+    assert main([*base, "--calibrate-seeds", "x"]) == 2
+    assert "--calibrate-seeds: bad seed spec" in capsys.readouterr().err
+    assert main([*base, "--report-only"]) == 2
+    assert "--report-only:" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()
 
 
