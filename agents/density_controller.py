@@ -37,7 +37,8 @@ from torch import Tensor
 from agents.base import Controller, Prediction
 from agents.checks import at_least
 from agents.encoders import EncoderConfig
-from agents.layers.token_cache import cached_encoders, check_cacheable, chunked_pass
+from agents.layers.token_cache import cached_encoders, chunked_pass
+from agents.wrapper import Wrapper, derive_from_base
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,7 @@ class DensityControllerConfig:
 
     def __post_init__(self) -> None:
         at_least(self, 1, "features", "batch_size")
-        object.__setattr__(self, "encoder", self.base_config.encoder)
-        object.__setattr__(self, "out_dim", self.base_config.out_dim)
+        derive_from_base(self)
 
     def build(self) -> DensityController:
         return DensityController(self)
@@ -85,34 +85,22 @@ def ledoit_wolf(features: Tensor) -> tuple[Tensor, Tensor, float]:
     return mu, weight * target * torch.eye(len(sample), dtype=x.dtype) + (1 - weight) * sample, weight
 
 
-class DensityController(Controller):
+class DensityController(Wrapper):
     lane_sampling = True  # it draws nothing
     default_samples = 1
     #: SA would resample the base's attention, which this controller's signal does not read
     sa_refusal = "its epistemic signal is a feature density, not a spread of passes (calibrate its base instead)"
+    made_by = "`drive density fit` it"
     feature_loc: Tensor  # (F,) buffers: the training features' mean, the shrunk covariance's inverse
     feature_precision: Tensor  # (F, F)
     score_scale: Tensor  # (): the validation split's median raw score
 
     def __init__(self, cfg: DensityControllerConfig, base: Controller | None = None):
-        base = cfg.base_config.build() if base is None else base
-        check_cacheable(base)
-        super().__init__(cfg.out_dim)
+        super().__init__(cfg.base_config.build() if base is None else base)
         self.cfg = cfg
-        self.base = base
         self.register_buffer("feature_loc", torch.zeros(cfg.features))
         self.register_buffer("feature_precision", torch.eye(cfg.features))
         self.register_buffer("score_scale", torch.ones(()))
-        super().set_target_stats(base.y_loc, base.y_scale)
-        super().set_aleatoric_temperature(base.aleatoric_temperature)
-
-    def set_target_stats(self, loc: Tensor, scale: Tensor) -> None:
-        self.base.set_target_stats(loc, scale)
-        super().set_target_stats(loc, scale)
-
-    def set_aleatoric_temperature(self, temperature: Tensor) -> None:
-        self.base.set_aleatoric_temperature(temperature)
-        super().set_aleatoric_temperature(temperature)
 
     @torch.no_grad()
     def features(self, x: Tensor) -> Tensor:
@@ -152,9 +140,3 @@ class DensityController(Controller):
         """One deterministic "sample": the base's pass, (1, B, D) each, original units (the score is not in it)."""
         p = self.predict(x)
         return p.mean[None], p.aleatoric_var[None]
-
-    def deterministic_pass(self, x: Tensor) -> Prediction:
-        return self.base.deterministic_pass(x)
-
-    def _loss(self, x: Tensor, y: Tensor) -> Tensor:
-        raise NotImplementedError("the density is fitted after training: train the base, then `drive density fit` it")

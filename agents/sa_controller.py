@@ -42,7 +42,8 @@ from agents.base import Controller, Prediction
 from agents.checks import at_least
 from agents.encoders import EncoderConfig
 from agents.layers.stochastic_attention import stochastic_attention
-from agents.layers.token_cache import cached_encoders, check_cacheable, chunked_pass
+from agents.layers.token_cache import cached_encoders, chunked_pass
+from agents.wrapper import Wrapper, derive_from_base
 
 
 @dataclass(frozen=True)
@@ -66,16 +67,16 @@ class SAControllerConfig:
 
     def __post_init__(self) -> None:
         at_least(self, 1, "nu", "passes", "batch_size")
-        object.__setattr__(self, "encoder", self.base_config.encoder)
-        object.__setattr__(self, "out_dim", self.base_config.out_dim)
+        derive_from_base(self)
 
     def build(self) -> SAController:
         return SAController(self)
 
 
-class SAController(Controller):
+class SAController(Wrapper):
     #: SA of SA would resample the same attention twice: calibrate the base's checkpoint instead
     sa_refusal = "its predictions are already SA's passes at a fixed nu (calibrate its base controller's checkpoint)"
+    made_by = "`drive sa calibrate` it"
 
     def __init__(self, cfg: SAControllerConfig, base: Controller | None = None):
         """`base`: the trained controller itself (else a fresh one is built from cfg.base_config, for load_state_dict
@@ -83,23 +84,9 @@ class SAController(Controller):
         base = cfg.base_config.build() if base is None else base
         if base.sa_refusal:
             raise ValueError(f"controller {cfg.base!r} refuses SA: {base.sa_refusal}")
-        check_cacheable(base)
-        super().__init__(cfg.out_dim)
+        super().__init__(base)
         self.cfg = cfg
-        self.base = base
         self.default_samples = cfg.passes
-        # this controller's buffers mirror the base's (readers of `y_loc` etc.); the predictive uses the base's
-        super().set_target_stats(base.y_loc, base.y_scale)
-        super().set_aleatoric_temperature(base.aleatoric_temperature)
-
-    def set_target_stats(self, loc: Tensor, scale: Tensor) -> None:
-        self.base.set_target_stats(loc, scale)
-        super().set_target_stats(loc, scale)
-
-    def set_aleatoric_temperature(self, temperature: Tensor) -> None:
-        """The base's temperature (it scales the head's noise in its deterministic pass), mirrored here."""
-        self.base.set_aleatoric_temperature(temperature)
-        super().set_aleatoric_temperature(temperature)
 
     @torch.no_grad()
     def sa_passes(self, x: Tensor, samples: int, generator: torch.Generator | None = None) -> Prediction:
@@ -128,10 +115,3 @@ class SAController(Controller):
         m = self.sa_passes(x, samples, generator)
         var = m.aleatoric_var + m.epistemic_var if self.cfg.head_variance else m.epistemic_var
         return m.mean * self.base.y_scale + self.base.y_loc, var * self.base.y_scale**2
-
-    def deterministic_pass(self, x: Tensor) -> Prediction:
-        """The base's deterministic pass (SA off), standardised units."""
-        return self.base.deterministic_pass(x)
-
-    def _loss(self, x: Tensor, y: Tensor) -> Tensor:
-        raise NotImplementedError("SA is inference-time: train the base controller, then `drive sa calibrate` it")
