@@ -107,9 +107,13 @@ def tables(results: Mapping[str, Any]) -> list[str]:
     }
     expected = len(suite["controllers"]) * len(variants) * len(runs)
     driven = sum(1 for by in grid.values() for gs in by.values() for _ in gs)
-    no_gate = [v["origin"] for v in results.get("thresholds", {}).values() if v.get("threshold") is None]
+    no_gate = {k.split("|")[0]: v["origin"] for k, v in results.get("thresholds", {}).items() if v["threshold"] is None}
     lines = [f"{driven} of {expected} points driven" + (" (the run is not finished)" if driven < expected else "")]
-    lines += [f"- {why}" for why in no_gate]
+    for key, members in by_group.items():
+        refused = [no_gate[c] for c in members if c in no_gate]
+        if refused:
+            why = refused[0].split(": ", 2)[-1]  # "no gate: PATH: why" -> why
+            lines.append(f"- {name(key)}: no gate ({len(refused)} of {len(members)} checkpoints): {why}")
     head = [row("agent", [short(v) for v in variants]), "|---|" + "---|" * len(variants)]
 
     def show(key: str, v: str, g: str, fmt: Any) -> str:
@@ -175,6 +179,9 @@ def tables(results: Mapping[str, Any]) -> list[str]:
             if not sig:
                 text.append("–")
                 continue
+            if all(s["mean"] == 0 for s in sig):
+                text.append("none: its epistemic variance is 0")
+                continue
             auroc = interval([s["auroc"] for s in sig], UNIT)
             ratio = float(np.mean([s["ratio"] for s in sig]))
             text.append(f"{ratio:.2f}x; {cell_text(auroc)}; {sum(s['clears'] for s in sig)} of {len(sig)}")
@@ -183,15 +190,21 @@ def tables(results: Mapping[str, Any]) -> list[str]:
     goal_gate = gates[0] if gates else None
     lines += [
         "",
-        f"## The suite's goal, cell by cell: ungated at or above AttentionAgent; and ≥ {SAFE_RETURN:.0f} ungated or "
-        f"the `{goal_gate}` gate engaged before ≥ {GATE_SHARE:.0%} of the misbehaviours",
+        f"## The suite's goal, cell by cell: the ungated mean at or above AttentionAgent's (published); and ≥ "
+        f"{SAFE_RETURN:.0f} ungated, or the `{goal_gate}` gate engaged before ≥ {GATE_SHARE:.0%} of the misbehaviours",
         "",
         *head,
     ]
     reference = results["published"].get(ATTENTION_AGENT, {})
     for key, members in by_group.items():
         text = [
-            _goal(cells[(key, v, "off")], cells.get((key, v, goal_gate)), reference.get(short(v))) for v in variants
+            _goal(
+                cells[(key, v, "off")],
+                cells.get((key, v, goal_gate)),
+                reference.get(short(v)),
+                "no gate" if all(c in no_gate for c in members) else "not driven yet",
+            )
+            for v in variants
         ]
         lines.append(row(f"{name(key)} ({len(members)} seeds)" if len(members) > 1 else name(key), text))
     return lines
@@ -207,21 +220,26 @@ def _gate_cell(cell: Mapping[str, Any]) -> str:
     return f"{lead} / {kept}; {cell['handed_over']:.2f}"
 
 
-def _goal(ungated: Mapping[str, Any] | None, gated: Mapping[str, Any] | None, published: str | None) -> str:
-    """'✓' or '✗' for each half of the goal: at or above AttentionAgent's mean; safe (≥ 850, or the gate first)."""
+def _goal(
+    ungated: Mapping[str, Any] | None, gated: Mapping[str, Any] | None, published: str | None, gate: str | None
+) -> str:
+    """Each half of the goal with its verdict: the ungated mean against AttentionAgent's published mean; safe (≥ 850
+    ungated, never off the road, or the gate engaged first on ≥ 90 % of the misbehaviours). `gate`: why there is no
+    gated cell ("no gate": it could never fire; "not driven yet"), else None."""
     if ungated is None:
         return "–"
     mean = ungated["mean_return"]
     reference = published_mean(published) if published else math.nan
-    beats = "–" if not math.isfinite(reference) else ("✓" if mean >= reference else "✗")
+    versus = "" if not math.isfinite(reference) else f" {'≥' if mean >= reference else '<'} {reference:.0f} "
+    beats = "" if not math.isfinite(reference) else ("✓" if mean >= reference else "✗")
     before = (gated or {}).get("engaged_before") or {}
     share = before.get("share", math.nan)
     if mean >= SAFE_RETURN:
-        safe = "✓ (≥ 850)"
+        safe = "≥ 850 ✓"
     elif ungated["off_track_per_episode"] == 0:
-        safe = "✓ (never left the road)"
+        safe = "never off the road ✓"
     elif math.isfinite(share):
-        safe = ("✓" if share >= GATE_SHARE else "✗") + f" (gate first {share:.0%})"
+        safe = f"gate first {share:.0%} " + ("✓" if share >= GATE_SHARE else "✗")
     else:
-        safe = "✗ (no gate)" if gated is None else "✗"
-    return f"{mean:.0f}: {beats} AA, {safe}"
+        safe = f"{gate or 'gate never engaged first'} ✗" if gated is None or gate else "✗"
+    return f"{mean:.0f}{versus}{beats}; {safe}"

@@ -106,16 +106,23 @@ def test_bad_variants_and_gates_are_one_line_errors(tmp_path, capsys):
 
 
 def test_the_docs_tables_are_what_the_archived_run_makes():
-    """docs/generalisation.md's tables are `tables` of the run's results.json (archived, xz), recomputed here."""
+    """docs/generalisation.md's tables are `tables` of the run's results.json (archived, xz, without the raw
+    episodes), recomputed here; the run is every controller over five training seeds, 100 episodes per variant."""
     import lzma
 
+    from drive.studies.generalisation.tables import tables
+
     results = json.loads(lzma.decompress((REPO / "docs" / "generalisation_runs" / "results.json.xz").read_bytes()))
-    made = [line for line in gen.tables(results) if line.startswith("|")]
+    made = [line for line in tables(results) if line.startswith("|")]
     page = (REPO / "docs" / "generalisation.md").read_text()
     shown = [line for line in page.splitlines() if line.startswith("|")]
-    assert made == shown and len(made) > 20
-    assert "drive bench generalisation --out runs/gen --seeds 9000-9019 --workers 2" in page
-    assert results["suite"]["seeds"] == "9000-9019" and not any("/work/" in c for c in results["points"])
+    assert made == shown and len(made) > 40
+    assert "--seeds 9000-9019 --calibrate-seeds 2000-2002 --workers 2" in page
+    assert results["suite"]["seeds"] == "9000-9019" and not any(c.startswith("/") for c in results["points"])
+    groups = gen.groups(results["suite"]["controllers"])
+    assert sum(len(m) == 5 for m in groups.values()) >= 7  # seven controllers over five training seeds
+    ungated = [p["clean"]["off"]["episodes"] for p in results["points"].values()]
+    assert len(ungated) == 36 and set(ungated) == {20}  # 5 seeds x 20 tracks: the leaderboard's 100 per variant
 
 
 def test_points_run_gate_by_gate_pair_their_twins_and_skip_a_gate_that_cannot_fire(tmp_path, monkeypatch):
@@ -157,7 +164,10 @@ def test_points_run_gate_by_gate_pair_their_twins_and_skip_a_gate_that_cannot_fi
     assert text.startswith("10 of 12 points driven (the run is not finished)") and "no epistemic variance" in text
     assert "| nsac (2 seeds), ungated (ours: v3, cloned) | 900 ± 0 | 900 ± 0 |" in text
     assert "| nsac (2 seeds), gate slow | 4 of 4 (100%; null" in text
-    assert "| gmle | 900: ✗ AA, ✓ (≥ 850) |" in text
+    assert (
+        "| gmle | 900 < 914 ✗; ≥ 850 ✓ | 900 ≥ -58 ✓; ≥ 850 ✓ |" in text
+        and "- gmle: no gate (1 of 1 checkpoints): controller" in text
+    )
     assert figures.returns_figure(tmp_path / "returns.png", results).stat().st_size > 10_000
     calls.clear()
     assert gen.run(tmp_path, suite) == results and calls == []  # resumed: nothing driven again
