@@ -34,8 +34,13 @@ def name(key: str) -> str:
     return f"{path.parent.name}/{path.name}" if path.name == "best.pt" else path.name
 
 
-def label(key: str, members: int, gate: str) -> str:
+def label(key: str, members: int, gate: str, driven: Sequence[int] = ()) -> str:
+    """The row's controller and run; `driven`: per variant, how many of its seeds have the point (an unfinished run
+    says how many its cells pool)."""
     seeds = f" ({members} seeds)" if members > 1 else ""
+    if driven and min(driven) < members:
+        low, high = min(driven), max(driven)
+        seeds = f" ({low if low == high else f'{low}-{high}'} of {members} seeds driven so far)"
     if gate == "off":
         return f"{name(key)}{seeds}, ungated"
     return f"{name(key)}{seeds}, gate {gate}" + (" (privileged oracle)" if gate.startswith("expert") else "")
@@ -105,9 +110,10 @@ def tables(results: Mapping[str, Any]) -> list[str]:
     cells = {
         (key, v, g): pooled(grid, members, v, g) for key, members in by_group.items() for v in variants for g in runs
     }
-    expected = len(suite["controllers"]) * len(variants) * len(runs)
     driven = sum(1 for by in grid.values() for gs in by.values() for _ in gs)
     no_gate = {k.split("|")[0]: v["origin"] for k, v in results.get("thresholds", {}).items() if v["threshold"] is None}
+    # a checkpoint whose gate could never fire has its ungated points only
+    expected = sum(len(variants) * (1 if c in no_gate else len(runs)) for c in suite["controllers"])
     lines = [f"{driven} of {expected} points driven" + (" (the run is not finished)" if driven < expected else "")]
     for key, members in by_group.items():
         refused = [no_gate[c] for c in members if c in no_gate]
@@ -115,6 +121,9 @@ def tables(results: Mapping[str, Any]) -> list[str]:
             why = refused[0].split(": ", 2)[-1]  # "no gate: PATH: why" -> why
             lines.append(f"- {name(key)}: no gate ({len(refused)} of {len(members)} checkpoints): {why}")
     head = [row("agent", [short(v) for v in variants]), "|---|" + "---|" * len(variants)]
+
+    def driven(key: str, g: str) -> list[int]:
+        return [0 if cells[(key, v, g)] is None else cells[(key, v, g)]["points"] for v in variants]
 
     def show(key: str, v: str, g: str, fmt: Any) -> str:
         cell = cells[(key, v, g)]
@@ -131,7 +140,7 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         for g in runs:
             if any(cells[(key, v, g)] for v in variants):
                 text = [show(key, v, g, lambda c: f"{c['mean_return']:.0f} ± {c['std_return']:.0f}") for v in variants]
-                lines.append(row(f"{label(key, len(members), g)} (ours: v3, cloned)", text))
+                lines.append(row(f"{label(key, len(members), g, driven(key, g))} (ours: v3, cloned)", text))
 
     lines += ["", "## Over training seeds: mean return [95 % bootstrap interval over the seeds]", "", *head]
     for key, members in by_group.items():
@@ -147,7 +156,7 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         for g in runs:
             if any(cells[(key, v, g)] for v in variants):
                 fmt = lambda c: f"{c['off_track_per_episode']:.2f} / {c['mean_completion']:.2f}"  # noqa: E731
-                lines.append(row(label(key, len(members), g), [show(key, v, g, fmt) for v in variants]))
+                lines.append(row(label(key, len(members), g, driven(key, g)), [show(key, v, g, fmt) for v in variants]))
 
     lines += [
         "",
@@ -160,7 +169,9 @@ def tables(results: Mapping[str, Any]) -> list[str]:
     for key, members in by_group.items():
         for g in gates:
             if any(cells[(key, v, g)] for v in variants):
-                lines.append(row(label(key, len(members), g), [show(key, v, g, _gate_cell) for v in variants]))
+                lines.append(
+                    row(label(key, len(members), g, driven(key, g)), [show(key, v, g, _gate_cell) for v in variants])
+                )
 
     shifted = [v for v in variants if v != CLEAN]
     lines += [
@@ -240,6 +251,8 @@ def _goal(
         safe = "never off the road ✓"
     elif math.isfinite(share):
         safe = f"gate first {share:.0%} " + ("✓" if share >= GATE_SHARE else "✗")
+        if gated and gated["points"] < ungated["points"]:
+            safe += f" ({gated['points']} of {ungated['points']} seeds so far)"
     else:
         safe = f"{gate or 'gate never engaged first'} ✗" if gated is None or gate else "✗"
     return f"{mean:.0f}{versus}{beats}; {safe}"
