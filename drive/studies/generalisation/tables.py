@@ -122,8 +122,9 @@ def tables(results: Mapping[str, Any]) -> list[str]:
             lines.append(f"- {name(key)}: no gate ({len(refused)} of {len(members)} checkpoints): {why}")
     head = [row("agent", [short(v) for v in variants]), "|---|" + "---|" * len(variants)]
 
-    def driven(key: str, g: str) -> list[int]:
-        return [0 if cells[(key, v, g)] is None else cells[(key, v, g)]["points"] for v in variants]
+    def seeds_in(key: str, g: str) -> list[int]:
+        """Per variant, how many of the group's checkpoints a cell pools."""
+        return [int((cells[(key, v, g)] or {}).get("points", 0)) for v in variants]
 
     def show(key: str, v: str, g: str, fmt: Any) -> str:
         cell = cells[(key, v, g)]
@@ -140,7 +141,7 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         for g in runs:
             if any(cells[(key, v, g)] for v in variants):
                 text = [show(key, v, g, lambda c: f"{c['mean_return']:.0f} ± {c['std_return']:.0f}") for v in variants]
-                lines.append(row(f"{label(key, len(members), g, driven(key, g))} (ours: v3, cloned)", text))
+                lines.append(row(f"{label(key, len(members), g, seeds_in(key, g))} (ours: v3, cloned)", text))
 
     lines += ["", "## Over training seeds: mean return [95 % bootstrap interval over the seeds]", "", *head]
     for key, members in by_group.items():
@@ -156,7 +157,7 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         for g in runs:
             if any(cells[(key, v, g)] for v in variants):
                 fmt = lambda c: f"{c['off_track_per_episode']:.2f} / {c['mean_completion']:.2f}"  # noqa: E731
-                lines.append(row(label(key, len(members), g, driven(key, g)), [show(key, v, g, fmt) for v in variants]))
+                lines.append(row(label(key, len(members), g, seeds_in(key, g)), [show(key, v, g, fmt) for v in variants]))
 
     lines += [
         "",
@@ -170,7 +171,7 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         for g in gates:
             if any(cells[(key, v, g)] for v in variants):
                 lines.append(
-                    row(label(key, len(members), g, driven(key, g)), [show(key, v, g, _gate_cell) for v in variants])
+                    row(label(key, len(members), g, seeds_in(key, g)), [show(key, v, g, _gate_cell) for v in variants])
                 )
 
     shifted = [v for v in variants if v != CLEAN]
