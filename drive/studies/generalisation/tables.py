@@ -157,7 +157,9 @@ def tables(results: Mapping[str, Any]) -> list[str]:
         for g in runs:
             if any(cells[(key, v, g)] for v in variants):
                 fmt = lambda c: f"{c['off_track_per_episode']:.2f} / {c['mean_completion']:.2f}"  # noqa: E731
-                lines.append(row(label(key, len(members), g, seeds_in(key, g)), [show(key, v, g, fmt) for v in variants]))
+                lines.append(
+                    row(label(key, len(members), g, seeds_in(key, g)), [show(key, v, g, fmt) for v in variants])
+                )
 
     lines += [
         "",
