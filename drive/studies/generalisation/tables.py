@@ -176,8 +176,38 @@ def tables(results: Mapping[str, Any]) -> list[str]:
                     row(label(key, len(members), g, seeds_in(key, g)), [show(key, v, g, _gate_cell) for v in variants])
                 )
 
-    shifted = [v for v in variants if v != CLEAN]
+    lines += signal_lines(results, by_group, variants)
+
+    goal_gate = gates[0] if gates else None
     lines += [
+        "",
+        f"## The suite's goal, cell by cell: the ungated mean at or above AttentionAgent's (published); and ≥ "
+        f"{SAFE_RETURN:.0f} ungated, or the `{goal_gate}` gate engaged before ≥ {GATE_SHARE:.0%} of the misbehaviours",
+        "",
+        *head,
+    ]
+    reference = results["published"].get(ATTENTION_AGENT, {})
+    for key, members in by_group.items():
+        text = [
+            _goal(
+                cells[(key, v, "off")],
+                cells.get((key, v, goal_gate)),
+                reference.get(short(v)),
+                "no gate" if all(c in no_gate for c in members) else "not driven yet",
+            )
+            for v in variants
+        ]
+        lines.append(row(f"{name(key)} ({len(members)} seeds)" if len(members) > 1 else name(key), text))
+    return lines
+
+
+def signal_lines(
+    results: Mapping[str, Any], by_group: Mapping[str, Sequence[str]], variants: Sequence[str]
+) -> list[str]:
+    """The signal table: per seed group and shifted variant, the mean ratio of its epistemic variance to clean, the
+    AUROC against clean with its interval over seeds, and how many seeds clear the shuffled-label null."""
+    shifted = [v for v in variants if v != CLEAN]
+    lines = [
         "",
         "## Does it know it is lost? Epistemic variance of the steering per episode: ratio to clean; AUROC against "
         "clean [95 % over seeds]; seeds whose AUROC clears its null (the labels shuffled, 97.5 %)",
@@ -199,27 +229,6 @@ def tables(results: Mapping[str, Any]) -> list[str]:
             auroc = interval([s["auroc"] for s in sig], UNIT)
             ratio = float(np.mean([s["ratio"] for s in sig]))
             text.append(f"{ratio:.2f}x; {cell_text(auroc)}; {sum(s['clears'] for s in sig)} of {len(sig)}")
-        lines.append(row(f"{name(key)} ({len(members)} seeds)" if len(members) > 1 else name(key), text))
-
-    goal_gate = gates[0] if gates else None
-    lines += [
-        "",
-        f"## The suite's goal, cell by cell: the ungated mean at or above AttentionAgent's (published); and ≥ "
-        f"{SAFE_RETURN:.0f} ungated, or the `{goal_gate}` gate engaged before ≥ {GATE_SHARE:.0%} of the misbehaviours",
-        "",
-        *head,
-    ]
-    reference = results["published"].get(ATTENTION_AGENT, {})
-    for key, members in by_group.items():
-        text = [
-            _goal(
-                cells[(key, v, "off")],
-                cells.get((key, v, goal_gate)),
-                reference.get(short(v)),
-                "no gate" if all(c in no_gate for c in members) else "not driven yet",
-            )
-            for v in variants
-        ]
         lines.append(row(f"{name(key)} ({len(members)} seeds)" if len(members) > 1 else name(key), text))
     return lines
 
